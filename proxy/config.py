@@ -1,0 +1,161 @@
+"""The config file: typed msgspec structs, loaded from YAML, with errors that name the key."""
+
+from __future__ import annotations
+
+import fnmatch
+import os
+import re
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import msgspec
+import yaml
+
+from .responses.logprobs import SPEC_MAX_TOP_LOGPROBS
+from .responses.request import Upstream
+
+DEFAULT_UPSTREAM = "http://127.0.0.1:30000"
+
+Seconds = Annotated[float, msgspec.Meta(gt=0)]
+_ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+_URL = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
+
+
+class ConfigError(Exception):
+    """A config file that can't be used; the message names the key path."""
+
+
+class _Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
+    pass
+
+
+class Listen(_Section):
+    host: str = "0.0.0.0"
+    port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
+
+
+class Timeouts(_Section):
+    connect: Seconds = 5.0
+    # Prefill of a long prompt on a busy server can take minutes before the first token.
+    first_byte: Seconds = 600.0
+    idle: Seconds = 120.0
+    total: Seconds | None = None
+
+
+class UpstreamConfig(_Section):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    urls: Annotated[list[str], msgspec.Meta(min_length=1)]
+    api_key: str | None = None
+    api_key_env: str | None = None
+    timeouts: Timeouts = Timeouts()
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    max_top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=SPEC_MAX_TOP_LOGPROBS)] = SPEC_MAX_TOP_LOGPROBS
+    logprobs: bool = True
+    # SGLang reads and writes `reasoning_content`, vLLM `reasoning`; `none` drops replayed reasoning.
+    reasoning_field: Literal["reasoning_content", "reasoning", "none"] = "reasoning_content"
+    defaults: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+
+    def key(self) -> str | None:
+        return os.environ.get(self.api_key_env) if self.api_key_env else self.api_key
+
+
+class RouteConfig(_Section):
+    model: Annotated[str, msgspec.Meta(min_length=1)]  # exact name or glob (`qwen-*`, `*`)
+    upstream: str
+    rewrite_model: str | None = None
+
+
+class Config(_Section):
+    upstreams: Annotated[list[UpstreamConfig], msgspec.Meta(min_length=1)]
+    routes: list[RouteConfig] = []
+    listen: Listen = Listen()
+
+
+class Route(msgspec.Struct, frozen=True):
+    """A request's model resolved: which upstream serves it, under which model name."""
+
+    upstream: UpstreamConfig
+    model: str
+
+    def translation(self) -> Upstream:
+        upstream = self.upstream
+        return Upstream(
+            model=self.model,
+            max_top_logprobs=upstream.max_top_logprobs,
+            logprobs=upstream.logprobs,
+            reasoning_field=None if upstream.reasoning_field == "none" else upstream.reasoning_field,
+            defaults=upstream.defaults,
+        )
+
+
+def resolve(config: Config, model: str) -> Route | None:
+    """The first route whose pattern matches `model`; with no routes, the first upstream serves all."""
+    if not config.routes:
+        return Route(config.upstreams[0], model)
+    for route in config.routes:
+        if route.model == model or fnmatch.fnmatchcase(model, route.model):
+            upstream = next(u for u in config.upstreams if u.name == route.upstream)
+            return Route(upstream, route.rewrite_model or model)
+    return None
+
+
+def served_models(config: Config) -> list[str]:
+    return [route.model for route in config.routes]
+
+
+def single_upstream(url: str) -> Config:
+    """The config of `--upstream URL` (and of a run without a config file)."""
+    return parse({"upstreams": [{"name": "default", "urls": [url]}]})
+
+
+def load(path: str | Path) -> Config:
+    try:
+        data = yaml.safe_load(Path(path).read_text())
+    except (OSError, yaml.YAMLError) as exc:
+        raise ConfigError(f"{path}: {exc}") from None
+    return parse(data or {})
+
+
+def parse(data: Any) -> Config:
+    try:
+        config = msgspec.convert(_expand_env(data, "$"), Config)
+    except msgspec.ValidationError as exc:
+        text = str(exc)
+        message, _, where = text.partition(" - at `")
+        raise ConfigError(f"{where.rstrip('`').removeprefix('$.') or 'config'}: {message}") from None
+    _check(config)
+    return config
+
+
+def _expand_env(value: Any, path: str) -> Any:
+    """`${NAME}` in any string is replaced by that environment variable, which must be set."""
+    if isinstance(value, dict):
+        return {key: _expand_env(item, f"{path}.{key}") for key, item in value.items()}
+    if isinstance(value, list):
+        return [_expand_env(item, f"{path}[{i}]") for i, item in enumerate(value)]
+    if isinstance(value, str) and "${" in value:
+
+        def lookup(match: re.Match) -> str:
+            name = match[1]
+            if name not in os.environ:
+                raise ConfigError(f"{path.removeprefix('$.')}: environment variable {name} is not set")
+            return os.environ[name]
+
+        return _ENV_VAR.sub(lookup, value)
+    return value
+
+
+def _check(config: Config) -> None:
+    names = [u.name for u in config.upstreams]
+    for i, upstream in enumerate(config.upstreams):
+        if names.index(upstream.name) != i:
+            raise ConfigError(f"upstreams[{i}].name: duplicate upstream name {upstream.name!r}")
+        for j, url in enumerate(upstream.urls):
+            if not _URL.match(url):
+                raise ConfigError(f"upstreams[{i}].urls[{j}]: not a URL: {url!r}")
+        if upstream.api_key and upstream.api_key_env:
+            raise ConfigError(f"upstreams[{i}]: give api_key or api_key_env, not both")
+    for i, route in enumerate(config.routes):
+        if route.upstream not in names:
+            raise ConfigError(f"routes[{i}].upstream: no upstream named {route.upstream!r} (have {', '.join(names)})")

@@ -1,0 +1,82 @@
+"""One exception type per failure kind; each knows its HTTP status and OpenAI envelope.
+
+Raised anywhere (request parsing, routing, the upstream client) and rendered in one place:
+the server's error middleware for plain responses, the stream translator once streaming.
+"""
+
+from __future__ import annotations
+
+
+class ProxyError(Exception):
+    status = 500
+    type = "server_error"
+    code: str | None = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None, status: int | None = None):
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        if code is not None:
+            self.code = code
+        if status is not None:
+            self.status = status
+
+    def envelope(self) -> dict:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+
+class InvalidRequest(ProxyError):
+    status = 400
+    type = "invalid_request_error"
+    code = "invalid_request_error"
+
+
+class Unauthorized(ProxyError):
+    status = 401
+    type = "invalid_request_error"
+    code = "invalid_api_key"
+
+
+class NotFound(ProxyError):
+    status = 404
+    type = "invalid_request_error"
+    code = "not_found"
+
+
+class PayloadTooLarge(ProxyError):
+    status = 413
+    type = "invalid_request_error"
+    code = "request_too_large"
+
+
+class UpstreamError(ProxyError):
+    """The upstream answered with an error status; its status and message are kept."""
+
+    type = "upstream_error"
+    code = "upstream_error"
+
+    def __init__(self, status: int, message: str, *, param: str | None = None):
+        super().__init__(message, param=param, status=status)
+        if 400 <= status < 500:
+            self.type = "invalid_request_error"
+            self.code = "invalid_request_error"
+
+
+class UpstreamUnreachable(ProxyError):
+    status = 502
+    type = "server_error"
+    code = "upstream_unreachable"
+
+
+class UpstreamProtocolError(ProxyError):
+    """The upstream sent something that is not a chat completion (or chunk) we can read."""
+
+    status = 502
+    type = "server_error"
+    code = "upstream_protocol_error"
+
+
+class UpstreamTimeout(ProxyError):
+    status = 504
+    type = "server_error"
+    code = "upstream_timeout"

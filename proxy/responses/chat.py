@@ -1,0 +1,84 @@
+"""What the upstream sends: chat.completion objects and chat.completion.chunk frames.
+
+Typed with msgspec so one decode validates a chunk. Unknown keys (SGLang's `matched_stop`,
+vLLM's `stop_reason`...) are ignored; null and absent are the same thing everywhere. A
+non-streaming completion reuses the chunk types (its `message` has the shape of a `delta`),
+so both modes run through one translator.
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+
+class TopLogprob(msgspec.Struct):
+    token: str
+    logprob: float | None = None
+    bytes: list[int] | None = None
+
+
+class LogprobEntry(msgspec.Struct):
+    token: str
+    logprob: float | None = None
+    bytes: list[int] | None = None
+    top_logprobs: list[TopLogprob] | None = None
+
+
+class ChoiceLogprobs(msgspec.Struct):
+    content: list[LogprobEntry] | None = None
+
+
+class FunctionDelta(msgspec.Struct):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class ToolCallDelta(msgspec.Struct):
+    index: int | None = None
+    id: str | None = None
+    function: FunctionDelta | None = None
+
+
+class Delta(msgspec.Struct):
+    content: str | None = None
+    reasoning_content: str | None = None
+    reasoning: str | None = None
+    tool_calls: list[ToolCallDelta] | None = None
+
+
+class Choice(msgspec.Struct):
+    index: int = 0
+    delta: Delta | None = None
+    message: Delta | None = None
+    logprobs: ChoiceLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class PromptTokensDetails(msgspec.Struct):
+    cached_tokens: int | None = None
+
+
+class CompletionTokensDetails(msgspec.Struct):
+    reasoning_tokens: int | None = None
+
+
+class Usage(msgspec.Struct):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
+    reasoning_tokens: int | None = None  # SGLang reports it here, not in the details
+
+
+class ErrorBody(msgspec.Struct):
+    message: str = "upstream error"
+    code: int | str | None = None
+
+
+class Chunk(msgspec.Struct):
+    choices: list[Choice] | None = None
+    usage: Usage | None = None
+    error: ErrorBody | None = None
+
+
+decode_chunk = msgspec.json.Decoder(Chunk).decode

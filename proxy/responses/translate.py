@@ -1,0 +1,391 @@
+"""Chat completion chunks in, Responses events out: the pure core of the proxy.
+
+`ResponseTranslator` is a sans-I/O state machine in the manner of h11: `feed(bytes)` takes
+whatever the upstream sent and returns the SSE bytes to write, `finish()` handles the end of
+the upstream body and `fail(error)` a broken upstream. It never awaits. A non-streaming chat
+completion goes through the same machine (its `message` read as one delta, events not
+encoded), so both modes build the same Response.
+
+Scores (DESIGN 3.7): every score lands in `_scores` in arrival order; an `output_text.delta`
+carries the slice not yet delivered, so the pending-score buffer is `_scores[_delivered:]`.
+The done events carry the whole list. The message stays open until the end of the response
+because a score can arrive with the last chunk.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from typing import Any
+
+import msgspec
+import orjson
+
+from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
+from ..upstream.sse import SSEDecoder
+from .chat import Chunk, Delta, ToolCallDelta, Usage, decode_chunk
+from .logprobs import response_logprob
+from .request import Call
+
+_INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+_SSE_DONE = b"data: [DONE]\n\n"
+
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+class _Item:
+    """An output item while it is open: its dict (shared with `output`) and its text so far."""
+
+    __slots__ = ("index", "item", "parts")
+
+    def __init__(self, index: int, item: dict) -> None:
+        self.index = index
+        self.item = item
+        self.parts: list[str] = []
+
+
+class _ToolCall:
+    """A tool call as its deltas accumulate; it becomes an item once its id and name are known."""
+
+    __slots__ = ("call_id", "name", "arguments", "item")
+
+    def __init__(self) -> None:
+        self.call_id: str | None = None
+        self.name: str | None = None
+        self.arguments: list[str] = []
+        self.item: _Item | None = None
+
+
+class ResponseTranslator:
+    def __init__(self, call: Call, *, streaming: bool = True) -> None:
+        self._call = call
+        self._streaming = streaming
+        self._logprobs = call.logprobs
+        self._id = _new_id("resp")
+        self._created_at = int(time.time())
+        self._sse = SSEDecoder()
+        self._events: list[bytes] = []
+        self._sequence = 0
+        self._output: list[dict] = []
+        self._current: _Item | None = None  # the open reasoning or function_call item
+        self._message: _Item | None = None
+        self._generating: _Item | None = None  # the item the last generated token went to
+        self._calls: dict[int, _ToolCall] = {}
+        self._scores: list[dict] = []
+        self._delivered = 0
+        self._finish_reason: str | None = None
+        self._usage: Usage | None = None
+        self.response: dict[str, Any] | None = None  # set once a terminal event is built
+        self.error: ProxyError | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.response is not None
+
+    # -- the driving interface -------------------------------------------------------------
+
+    def start(self) -> bytes:
+        snapshot = self._snapshot("in_progress")
+        self._emit("response.created", response=snapshot)
+        self._emit("response.in_progress", response=snapshot)
+        return self._flush()
+
+    def feed(self, data: bytes) -> bytes:
+        if self.done:
+            return b""
+        try:
+            for payload in self._sse.feed(data):
+                self._payload(payload)
+                if self.done:
+                    break
+        except ProxyError as error:
+            self._fail(error)
+        return self._flush()
+
+    def finish(self) -> bytes:
+        """The upstream body ended (with or without `[DONE]`)."""
+        if not self.done:
+            try:
+                for payload in self._sse.close():
+                    self._payload(payload)
+            except ProxyError as error:
+                self._fail(error)
+            self._end()
+        return self._flush()
+
+    def fail(self, error: ProxyError) -> bytes:
+        if not self.done:
+            self._fail(error)
+        return self._flush()
+
+    def apply(self, chunk: Chunk) -> None:
+        """One decoded chunk (or a whole non-streaming completion)."""
+        if chunk.error is not None:
+            code = chunk.error.code
+            status = code if isinstance(code, int) and 400 <= code < 600 else 500
+            self._fail(UpstreamError(status, chunk.error.message))
+            return
+        if chunk.usage is not None:
+            self._usage = chunk.usage
+        for choice in chunk.choices or ():
+            if choice.index != 0:
+                continue
+            if self._logprobs and choice.logprobs is not None and choice.logprobs.content:
+                self._scores.extend(map(response_logprob, choice.logprobs.content))
+            delta = choice.delta or choice.message
+            if delta is not None:
+                self._delta(delta)
+            if choice.finish_reason is not None:
+                self._finish_reason = choice.finish_reason
+                if choice.finish_reason == "abort":
+                    self._fail(UpstreamError(500, "the upstream aborted the generation"))
+
+    # -- chunk handling --------------------------------------------------------------------
+
+    def _payload(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self._end()
+            return
+        try:
+            chunk = decode_chunk(payload)
+        except msgspec.MsgspecError as exc:
+            raise UpstreamProtocolError(f"unreadable upstream chunk: {exc}") from None
+        self.apply(chunk)
+
+    def _delta(self, delta: Delta) -> None:
+        reasoning = delta.reasoning or delta.reasoning_content
+        if reasoning:
+            self._reasoning(reasoning)
+        if delta.content:
+            self._text(delta.content)
+        for position, tool_call in enumerate(delta.tool_calls or ()):
+            self._tool_call(position, tool_call)
+
+    def _reasoning(self, text: str) -> None:
+        item = self._current
+        if item is None or item.item["type"] != "reasoning":
+            self._close_current()
+            item = self._current = self._open(
+                {"id": _new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [], "content": []}
+            )
+            self._emit_part("response.content_part.added", item, {"type": "reasoning_text", "text": ""})
+        item.parts.append(text)
+        self._generating = item
+        self._emit("response.reasoning_text.delta", **self._at(item), content_index=0, delta=text)
+
+    def _text(self, text: str) -> None:
+        self._close_current()
+        message = self._message or self._open_message()
+        message.parts.append(text)
+        self._generating = message
+        logprobs = self._scores[self._delivered :]
+        self._delivered = len(self._scores)
+        self._emit("response.output_text.delta", **self._at(message), content_index=0, delta=text, logprobs=logprobs)
+
+    def _tool_call(self, position: int, delta: ToolCallDelta) -> None:
+        index = position if delta.index is None else delta.index
+        call = self._calls.get(index)
+        if call is None:
+            call = self._calls[index] = _ToolCall()
+        elif call.item is not None and call.item is not self._current:
+            raise UpstreamProtocolError(f"tool call {index} continued after another item began")
+        call.call_id = call.call_id or delta.id
+        function = delta.function
+        if function is not None:
+            call.name = call.name or function.name
+            if function.arguments:
+                call.arguments.append(function.arguments)
+                if call.item is not None:
+                    self._emit("response.function_call_arguments.delta", **self._at(call.item), delta=function.arguments)
+        if call.item is None and call.call_id and call.name:
+            self._open_call(call)
+        if call.item is not None:
+            self._generating = call.item
+
+    # -- items -----------------------------------------------------------------------------
+
+    def _open(self, item: dict) -> _Item:
+        opened = _Item(len(self._output), item)
+        self._output.append(item)
+        self._emit("response.output_item.added", output_index=opened.index, item=item)
+        return opened
+
+    def _open_message(self) -> _Item:
+        self._message = self._open(
+            {"id": _new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        )
+        self._emit_part("response.content_part.added", self._message, self._text_part("", []))
+        return self._message
+
+    def _open_call(self, call: _ToolCall) -> None:
+        self._close_current()
+        item = call.item = self._current = self._open(
+            {
+                "id": _new_id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                "call_id": call.call_id or _new_id("call"),
+                "name": call.name,
+                "arguments": "",
+            }
+        )
+        item.parts = call.arguments
+        # Fragments that came before the id and name were known.
+        if call.arguments:
+            self._emit("response.function_call_arguments.delta", **self._at(item), delta="".join(call.arguments))
+
+    def _close_current(self, status: str = "completed") -> None:
+        item = self._current
+        if item is None:
+            return
+        self._current = None
+        text = "".join(item.parts)
+        if item.item["type"] == "reasoning":
+            part = {"type": "reasoning_text", "text": text}
+            self._emit("response.reasoning_text.done", **self._at(item), content_index=0, text=text)
+            self._emit_part("response.content_part.done", item, part)
+            item.item["content"] = [part]
+        else:
+            self._emit("response.function_call_arguments.done", **self._at(item), arguments=text)
+            item.item["arguments"] = text
+        self._close(item, status)
+
+    def _close_message(self, status: str) -> None:
+        message = self._message
+        if message is None:
+            if not self._scores:
+                return
+            # DESIGN 3.9: scores with no text part still reach the client, on an empty message.
+            message = self._open_message()
+        text = "".join(message.parts)
+        self._emit("response.output_text.done", **self._at(message), content_index=0, text=text, logprobs=self._scores)
+        part = self._text_part(text, self._scores)
+        self._emit_part("response.content_part.done", message, part)
+        message.item["content"] = [part]
+        self._close(message, status)
+
+    def _close(self, item: _Item, status: str) -> None:
+        item.item["status"] = status
+        self._emit("response.output_item.done", output_index=item.index, item=item.item)
+
+    def _close_all(self, cut: _Item | None, default: str) -> None:
+        """Close every open item; `cut` (the item generated when the stream stopped) gets
+        `incomplete`, the others `default`."""
+
+        def status(item: _Item | None) -> str:
+            return "incomplete" if item is cut and item is not None else default
+
+        self._close_current(status(self._current))
+        for call in self._calls.values():
+            if call.item is None and call.name:  # its id never came: still the client's call
+                self._open_call(call)
+                self._close_current(status(call.item))
+        self._close_message(status(self._message))
+
+    # -- endings ---------------------------------------------------------------------------
+
+    def _end(self) -> None:
+        if self.done:
+            return
+        reason = self._finish_reason
+        if reason is None:
+            self._fail(UpstreamProtocolError("the upstream stream ended before the generation finished"))
+            return
+        if any(call.name is None for call in self._calls.values()):
+            self._fail(UpstreamProtocolError("the upstream sent a tool call without a name"))
+            return
+        incomplete = _INCOMPLETE_REASONS.get(reason)
+        self._close_all(self._generating if incomplete else None, "incomplete" if incomplete else "completed")
+        if incomplete:
+            self._terminate("response.incomplete", "incomplete", incomplete_details={"reason": incomplete})
+        else:
+            self._terminate("response.completed", "completed", completed_at=int(time.time()))
+
+    def _fail(self, error: ProxyError) -> None:
+        if self.done:
+            return
+        self._close_all(None, "incomplete")
+        self.error = error
+        self._emit("error", code=error.code, message=error.message, param=error.param)
+        self._terminate("response.failed", "failed", error={"code": error.code or "server_error", "message": error.message})
+
+    def _terminate(self, event: str, status: str, **fields: Any) -> None:
+        response = self._snapshot(status)
+        response.update(fields)
+        response["usage"] = self._usage_object()
+        self.response = response
+        self._emit(event, response=response)
+
+    # -- building events -------------------------------------------------------------------
+
+    def _snapshot(self, status: str) -> dict[str, Any]:
+        return {
+            "id": self._id,
+            "object": "response",
+            "created_at": self._created_at,
+            "status": status,
+            "completed_at": None,
+            "error": None,
+            "incomplete_details": None,
+            "output": self._output,
+            "usage": None,
+            **self._call.echo,
+        }
+
+    def _usage_object(self) -> dict | None:
+        usage = self._usage
+        if usage is None:
+            return None
+        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
+        details = usage.completion_tokens_details
+        reasoning = details.reasoning_tokens if details and details.reasoning_tokens is not None else usage.reasoning_tokens
+        return {
+            "input_tokens": usage.prompt_tokens,
+            "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
+            "output_tokens": usage.completion_tokens,
+            "output_tokens_details": {"reasoning_tokens": reasoning or 0},
+            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        }
+
+    @staticmethod
+    def _text_part(text: str, logprobs: list[dict]) -> dict:
+        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
+
+    @staticmethod
+    def _at(item: _Item) -> dict:
+        return {"item_id": item.item["id"], "output_index": item.index}
+
+    def _emit_part(self, event: str, item: _Item, part: dict) -> None:
+        self._emit(event, **self._at(item), content_index=0, part=part)
+
+    def _emit(self, event: str, **fields: Any) -> None:
+        if not self._streaming:
+            return
+        fields["type"] = event
+        fields["sequence_number"] = self._sequence
+        self._sequence += 1
+        self._events.append(b"event: " + event.encode() + b"\ndata: " + orjson.dumps(fields) + b"\n\n")
+        if self.response is not None:
+            self._events.append(_SSE_DONE)
+
+    def _flush(self) -> bytes:
+        data = b"".join(self._events)
+        self._events.clear()
+        return data
+
+
+def translate_completion(call: Call, body: bytes) -> dict[str, Any]:
+    """A non-streaming chat completion as a Response; an upstream failure raises."""
+    translator = ResponseTranslator(call, streaming=False)
+    try:
+        translator.apply(decode_chunk(body))
+    except msgspec.MsgspecError as exc:
+        raise UpstreamProtocolError(f"unreadable upstream completion: {exc}") from None
+    except ProxyError as error:
+        translator.fail(error)
+    translator.finish()
+    if translator.response["status"] == "failed":
+        raise translator.error
+    return translator.response
