@@ -2,8 +2,6 @@
 
 from aiohttp import web
 
-from .config import Config
-from .upstream.client import UpstreamClient
+from .runtime import Runtime
 
-CONFIG = web.AppKey("config", Config)
-CLIENTS = web.AppKey("clients", dict[str, UpstreamClient])
+RUNTIME = web.AppKey("runtime", Runtime)

@@ -42,6 +42,13 @@ class Timeouts(_Section):
     total: Seconds | None = None
 
 
+class HealthCheck(_Section):
+    """Active probing: a replica that fails it leaves the pool until it passes again."""
+
+    path: str = "/health"
+    interval: Seconds = 5.0
+
+
 class UpstreamConfig(_Section):
     name: Annotated[str, msgspec.Meta(min_length=1)]
     urls: Annotated[list[str], msgspec.Meta(min_length=1)]
@@ -55,6 +62,9 @@ class UpstreamConfig(_Section):
     reasoning_field: Literal["reasoning_content", "reasoning", "none"] = "reasoning_content"
     defaults: dict[str, Any] = {}
     headers: dict[str, str] = {}
+    health_check: HealthCheck | None = None
+    # Passive: a replica that refuses a connection is skipped for this long.
+    eject_seconds: Seconds = 10.0
 
     def key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else self.api_key
@@ -66,10 +76,31 @@ class RouteConfig(_Section):
     rewrite_model: str | None = None
 
 
+class Auth(_Section):
+    """Client API keys accepted as `Authorization: Bearer`; none configured, none asked for."""
+
+    api_keys: list[str] = []
+    api_keys_env: str | None = None  # a comma-separated list in this environment variable
+
+    def keys(self) -> frozenset[str]:
+        from_env = os.environ.get(self.api_keys_env, "") if self.api_keys_env else ""
+        return frozenset(self.api_keys) | {key.strip() for key in from_env.split(",") if key.strip()}
+
+
+class Log(_Section):
+    format: Literal["text", "json"] = "text"
+    level: Literal["debug", "info", "warning", "error"] = "info"
+
+
 class Config(_Section):
     upstreams: Annotated[list[UpstreamConfig], msgspec.Meta(min_length=1)]
     routes: list[RouteConfig] = []
     listen: Listen = Listen()
+    auth: Auth = Auth()
+    log: Log = Log()
+    max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
+    # After SIGTERM: how long streams in flight may run before they are cut.
+    shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0
 
 
 class Route(msgspec.Struct, frozen=True):
@@ -77,6 +108,7 @@ class Route(msgspec.Struct, frozen=True):
 
     upstream: UpstreamConfig
     model: str
+    pattern: str  # the route's model pattern: a label of bounded cardinality for metrics
 
     def translation(self) -> Upstream:
         upstream = self.upstream
@@ -92,16 +124,30 @@ class Route(msgspec.Struct, frozen=True):
 def resolve(config: Config, model: str) -> Route | None:
     """The first route whose pattern matches `model`; with no routes, the first upstream serves all."""
     if not config.routes:
-        return Route(config.upstreams[0], model)
+        return Route(config.upstreams[0], model, "*")
     for route in config.routes:
         if route.model == model or fnmatch.fnmatchcase(model, route.model):
             upstream = next(u for u in config.upstreams if u.name == route.upstream)
-            return Route(upstream, route.rewrite_model or model)
+            return Route(upstream, route.rewrite_model or model, route.model)
     return None
 
 
 def served_models(config: Config) -> list[str]:
-    return [route.model for route in config.routes]
+    return [route.model for route in config.routes] or ["*"]
+
+
+def describe(config: Config) -> str:
+    """The resolved routes, one line each, as `--check-config` prints them."""
+    lines = []
+    for route in config.routes or [RouteConfig(model="*", upstream=config.upstreams[0].name)]:
+        upstream = next(u for u in config.upstreams if u.name == route.upstream)
+        target = f" as {route.rewrite_model}" if route.rewrite_model else ""
+        lines.append(f"{route.model} -> {upstream.name}{target} [{', '.join(upstream.urls)}]")
+    return "\n".join(lines)
+
+
+def replace(config: Config, **changes: Any) -> Config:
+    return msgspec.structs.replace(config, **changes)
 
 
 def single_upstream(url: str) -> Config:

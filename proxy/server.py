@@ -1,20 +1,55 @@
-"""The aiohttp application: routes, the error middleware, upstream client lifecycle."""
+"""The aiohttp application: routes, middlewares, the runtime's lifecycle."""
 
 from __future__ import annotations
 
+import logging
+import time
+import uuid
 from collections.abc import AsyncIterator
 
 from aiohttp import web
 
-from .api import passthrough, responses
-from .appkeys import CLIENTS, CONFIG
+from .api import endpoints, passthrough, responses
+from .appkeys import RUNTIME
 from .config import Config
-from .errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError
-from .upstream.client import UpstreamClient
+from .errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError, Unauthorized
+from .metrics import Metrics
+from .runtime import Runtime
+
+access_log = logging.getLogger("proxy.access")
+
+REQUEST_ID = "X-Request-ID"
 
 
 def error_response(error: ProxyError) -> web.Response:
     return web.json_response(error.envelope(), status=error.status)
+
+
+@web.middleware
+async def observe(request: web.Request, handler) -> web.StreamResponse:
+    """Request id, access log line and request metrics: once per request, never per chunk."""
+    request["request_id"] = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+    started = time.monotonic()
+    status = 499  # the client went away before an answer
+    try:
+        response = await handler(request)
+        status = response.status
+        return response
+    finally:
+        elapsed = time.monotonic() - started
+        info = request.match_info.route.resource
+        endpoint = info.canonical if info is not None else "other"
+        metrics = request.app[RUNTIME].metrics
+        metrics.requests.labels(request.get("route", ""), endpoint, str(status)).inc()
+        metrics.latency.labels(endpoint).observe(elapsed)
+        access_log.info(
+            "%s %s %d %.1fms",
+            request.method,
+            request.path,
+            status,
+            elapsed * 1000,
+            extra={"request_id": request["request_id"], "status": status, "duration_ms": round(elapsed * 1000, 1), "route": request.get("route")},
+        )
 
 
 @web.middleware
@@ -25,34 +60,52 @@ async def render_errors(request: web.Request, handler) -> web.StreamResponse:
     except ProxyError as error:
         return error_response(error)
     except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(PayloadTooLarge(exc.text or "request body too large"))
+        return error_response(PayloadTooLarge(f"The request body is larger than {exc.max_size} bytes."))
     except web.HTTPNotFound:
-        return error_response(NotFound(f"no such endpoint: {request.method} {request.path}", code="not_found"))
+        return error_response(NotFound(f"No such endpoint: {request.method} {request.path}."))
     except web.HTTPMethodNotAllowed:
-        return error_response(InvalidRequest(f"{request.method} is not allowed on {request.path}", code="method_not_allowed", status=405))
+        return error_response(InvalidRequest(f"{request.method} is not allowed on {request.path}.", code="method_not_allowed", status=405))
 
 
-async def _upstream_clients(app: web.Application) -> AsyncIterator[None]:
-    app[CLIENTS] = {upstream.name: UpstreamClient(upstream) for upstream in app[CONFIG].upstreams}
-    yield
-    for client in app[CLIENTS].values():
-        await client.close()
+@web.middleware
+async def authenticate(request: web.Request, handler) -> web.StreamResponse:
+    keys = request.app[RUNTIME].api_keys
+    if keys and request.path.startswith("/v1/"):
+        scheme, _, token = request.headers.get("Authorization", "").partition(" ")
+        if scheme.lower() != "bearer" or token.strip() not in keys:
+            raise Unauthorized("Missing or invalid API key: send `Authorization: Bearer <key>`.")
+    return await handler(request)
+
+
+async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
+    response.headers[REQUEST_ID] = request["request_id"]
 
 
 def create_app(config: Config) -> web.Application:
-    app = web.Application(middlewares=[render_errors], client_max_size=32 * 1024 * 1024)
-    app[CONFIG] = config
-    app.cleanup_ctx.append(_upstream_clients)
+    app = web.Application(middlewares=[observe, render_errors, authenticate], client_max_size=config.max_body_bytes)
+
+    async def runtime(app: web.Application) -> AsyncIterator[None]:
+        app[RUNTIME] = Runtime(config, Metrics())
+        yield
+        await app[RUNTIME].close()
+
+    app.cleanup_ctx.append(runtime)
+    app.on_response_prepare.append(_add_request_id)
     app.router.add_post("/v1/responses", responses.create_response)
-    app.router.add_get("/v1/models", passthrough.models)
-    app.router.add_get("/health", passthrough.health)
+    app.router.add_post("/v1/chat/completions", passthrough.forward)
+    app.router.add_post("/v1/completions", passthrough.forward)
+    app.router.add_get("/v1/models", endpoints.models)
+    app.router.add_get("/health", endpoints.health)
+    app.router.add_get("/ready", endpoints.ready)
+    app.router.add_get("/metrics", endpoints.metrics)
     return app
 
 
-async def serve(app: web.Application, host: str, port: int) -> web.AppRunner:
+async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False, shutdown_grace: float = 30.0) -> web.AppRunner:
     """Start `app` on host:port. The handler of a client that hangs up is cancelled, which
-    closes its upstream request, so the GPU stops generating for nobody."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None)
+    closes its upstream request, so the GPU stops generating for nobody. On cleanup the
+    listening socket closes first and requests in flight get `shutdown_grace` seconds."""
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_grace)
     await runner.setup()
-    await web.TCPSite(runner, host, port, backlog=1024, reuse_address=True).start()
+    await web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, reuse_port=reuse_port or None).start()
     return runner

@@ -1,19 +1,36 @@
-"""Endpoints that answer without translation."""
+"""/v1/chat/completions and /v1/completions: routed, then relayed byte for byte."""
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
-from ..appkeys import CLIENTS, CONFIG
+from ..errors import InvalidRequest, ProxyError
+from .common import read_body, route, upstream_headers
 
 
-async def health(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
-
-
-async def models(request: web.Request) -> web.Response:
-    """The upstream's model list (the first upstream's, when no routes name models)."""
-    config = request.app[CONFIG]
-    client = request.app[CLIENTS][config.upstreams[0].name]
-    status, body = await client.get("/v1/models")
-    return web.Response(status=status, body=body, content_type="application/json")
+async def forward(request: web.Request) -> web.StreamResponse:
+    body = await read_body(request)
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+    model = data.get("model") if isinstance(data, dict) else None
+    if not isinstance(model, str):
+        raise InvalidRequest("'model' must be a string.", param="model")
+    found, client = route(request, model)
+    if found.model != model:
+        body = orjson.dumps({**data, "model": found.model})
+    async with client.post(request.path, body, upstream_headers(request)) as exchange:
+        upstream = exchange.response
+        response = web.StreamResponse(status=upstream.status, headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")})
+        await response.prepare(request)
+        try:
+            while data := await exchange.read_chunk():
+                await response.write(data)
+        except ProxyError:
+            # Headers are gone: the only honest signal left is a connection cut short.
+            request.transport.close()
+            return response
+        await response.write_eof()
+    return response

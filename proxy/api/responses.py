@@ -2,51 +2,60 @@
 
 from __future__ import annotations
 
+import time
+
 import orjson
 from aiohttp import web
 
-from ..appkeys import CLIENTS, CONFIG
-from ..config import resolve, served_models
-from ..errors import NotFound, ProxyError
-from ..responses.request import parse_request, plan_call
+from ..appkeys import RUNTIME
+from ..errors import ProxyError
+from ..responses.request import Call, parse_request, plan_call
 from ..responses.translate import ResponseTranslator, translate_completion
+from ..upstream.client import Exchange
+from .common import read_body, route, upstream_headers
 
 CHAT_PATH = "/v1/chat/completions"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
-    config = request.app[CONFIG]
-    parsed = parse_request(await request.read())
-    route = resolve(config, parsed.model)
-    if route is None:
-        raise NotFound(
-            f"The model '{parsed.model}' is not served here. Served: {', '.join(served_models(config))}.",
-            param="model",
-            code="model_not_found",
-        )
-    call = plan_call(parsed, route.translation())
-    client = request.app[CLIENTS][route.upstream.name]
-    async with client.post(CHAT_PATH, call.chat) as upstream:
-        if not call.stream:
-            completion = await client.read_body(upstream)
-            return web.Response(body=orjson.dumps(translate_completion(call, completion)), content_type="application/json")
-        translator = ResponseTranslator(call)
-        response = web.StreamResponse(headers=SSE_HEADERS)
-        await response.prepare(request)
+    started = time.monotonic()
+    parsed = parse_request(await read_body(request))
+    found, client = route(request, parsed.model)
+    call = plan_call(parsed, found.translation())
+    async with client.post(CHAT_PATH, call.chat, upstream_headers(request)) as exchange:
+        if call.stream:
+            response, output = await _stream(request, call, exchange, started)
+        else:
+            output = translate_completion(call, await exchange.read_body())
+            response = web.Response(body=orjson.dumps(output), content_type="application/json")
+    usage = output.get("usage")
+    if usage:
+        request.app[RUNTIME].metrics.output_tokens.labels(found.pattern).inc(usage["output_tokens"])
+    return response
+
+
+async def _stream(request: web.Request, call: Call, exchange: Exchange, started: float) -> tuple[web.StreamResponse, dict]:
+    metrics = request.app[RUNTIME].metrics
+    translator = ResponseTranslator(call)
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    metrics.streams.inc()
+    try:
         await response.write(translator.start())
-        while True:
+        first_token = True
+        while not translator.done:
             try:
-                data = await client.read_chunk(upstream)
+                data = await exchange.read_chunk()
             except ProxyError as error:
                 await response.write(translator.fail(error))
                 break
-            # After the terminal event the rest of the body is read only so that the
-            # connection goes back to the pool.
-            events = translator.feed(data) if data else translator.finish()
-            if events:
-                await response.write(events)
-            if not data:
-                break
+            await response.write(translator.feed(data) if data else translator.finish())
+            if first_token and translator.generating:
+                first_token = False
+                metrics.first_token.labels(request["route"]).observe(time.monotonic() - started)
         await response.write_eof()
-        return response
+    finally:
+        metrics.streams.dec()
+    await exchange.drain()
+    return response, translator.response

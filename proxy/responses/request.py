@@ -44,7 +44,7 @@ class OutputText(_Item, tag="output_text"):
 
 
 class InputImage(_Item, tag="input_image"):
-    image_url: str | None = None
+    image_url: str  # a URL or data URL: no file store here for `file_id`
     detail: Literal["low", "high", "auto"] | None = None
 
 
@@ -253,8 +253,7 @@ def plan_call(request: CreateResponse, upstream: Upstream) -> Call:
         )
     top_logprobs = effective_top_logprobs(request.top_logprobs, upstream.max_top_logprobs)
     stream = bool(request.stream)
-    chat: dict[str, Any] = dict(upstream.defaults or {})
-    chat.update(
+    chat: dict[str, Any] = dict(
         model=upstream.model,
         messages=_messages(request, upstream.reasoning_field),
         stream=stream,
@@ -276,7 +275,8 @@ def plan_call(request: CreateResponse, upstream: Upstream) -> Call:
         chat.update(logprobs=True, top_logprobs=top_logprobs)
     if stream:
         chat["stream_options"] = {"include_usage": True}
-    chat = {key: value for key, value in chat.items() if value is not None}
+    # The route's defaults fill in what the request leaves out.
+    chat = {**(upstream.defaults or {}), **{key: value for key, value in chat.items() if value is not None}}
     return Call(chat=chat, stream=stream, logprobs=logprobs, echo=_echo(request, top_logprobs))
 
 
@@ -312,7 +312,7 @@ def _chat_content(parts: str | list[ContentPart]) -> str | list[dict]:
     if isinstance(parts, str) or not any(isinstance(part, InputImage) for part in parts):
         return _part_text(parts)
     return [
-        {"type": "image_url", "image_url": {k: v for k, v in (("url", p.image_url), ("detail", p.detail)) if v}}
+        {"type": "image_url", "image_url": {"url": p.image_url, "detail": p.detail} if p.detail else {"url": p.image_url}}
         if isinstance(p, InputImage)
         else {"type": "text", "text": p.text}
         for p in parts
@@ -332,7 +332,7 @@ def _messages(request: CreateResponse, reasoning_field: str | None) -> list[dict
         """The assistant message the next assistant item joins: the last one, or a new one."""
         last = messages[-1] if messages else None
         if last is None or last["role"] != "assistant":
-            last = {"role": "assistant", "content": None}
+            last = {"role": "assistant"}
             messages.append(last)
         if reasoning and reasoning_field:
             last[reasoning_field] = (last.get(reasoning_field) or "") + "".join(reasoning)
@@ -342,10 +342,7 @@ def _messages(request: CreateResponse, reasoning_field: str | None) -> list[dict
     for item in request.input:
         if isinstance(item, Message) and item.role == "assistant":
             target = assistant()
-            if target.get("tool_calls"):
-                target = {"role": "assistant", "content": None}
-                messages.append(target)
-            target["content"] = (target["content"] or "") + _part_text(item.content)
+            target["content"] = target.get("content", "") + _part_text(item.content)
         elif isinstance(item, Message):
             # `developer` is the Responses name for what chat templates know as `system`.
             role = "system" if item.role == "developer" else item.role

@@ -84,6 +84,11 @@ class ResponseTranslator:
     def done(self) -> bool:
         return self.response is not None
 
+    @property
+    def generating(self) -> bool:
+        """Whether a generated token has been translated yet."""
+        return self._generating is not None
+
     # -- the driving interface -------------------------------------------------------------
 
     def start(self) -> bytes:
@@ -297,7 +302,7 @@ class ResponseTranslator:
             self._fail(UpstreamProtocolError("the upstream sent a tool call without a name"))
             return
         incomplete = _INCOMPLETE_REASONS.get(reason)
-        self._close_all(self._generating if incomplete else None, "incomplete" if incomplete else "completed")
+        self._close_all(self._generating if incomplete else None, "completed")
         if incomplete:
             self._terminate("response.incomplete", "incomplete", incomplete_details={"reason": incomplete})
         else:

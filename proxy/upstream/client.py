@@ -1,15 +1,22 @@
-"""The upstream side: one pooled HTTP client per configured upstream.
+"""The upstream side: one pooled HTTP client per configured upstream, over its replicas.
 
 Failures become the proxy's error types here, in one place: a refused or reset connection
 before any answer is `UpstreamUnreachable` (502), a timeout `UpstreamTimeout` (504), an error
 status `UpstreamError` with the upstream's own message (SGLang's flat `{"object": "error"}`
 body and the OpenAI nested one alike).
+
+Balancing: least outstanding requests, ties taken in turn. A replica that refuses a
+connection is skipped for `eject_seconds` (passive); with `health_check` set, a probe takes
+failing replicas out and brings them back (active). A request moves to another replica only
+when it never reached one: once a request was sent, a retry could run a generation twice.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import itertools
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -20,12 +27,60 @@ from ..config import UpstreamConfig
 from ..errors import ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnreachable
 
 _MAX_ERROR_BODY = 64 * 1024
+_DRAIN_TIMEOUT = 1.0
+
+ErrorHook = Callable[[str, str], None]  # (upstream name, error kind)
+
+
+class Replica:
+    __slots__ = ("url", "outstanding", "ejected_until", "healthy")
+
+    def __init__(self, url: str) -> None:
+        self.url = url.rstrip("/")
+        self.outstanding = 0
+        self.ejected_until = 0.0
+        self.healthy = True
+
+    def available(self, now: float) -> bool:
+        return self.healthy and self.ejected_until <= now
+
+
+class Exchange:
+    """One upstream request in flight, past its response headers."""
+
+    __slots__ = ("response", "_client", "_deadline")
+
+    def __init__(self, client: UpstreamClient, response: aiohttp.ClientResponse, deadline: float | None) -> None:
+        self.response = response
+        self._client = client
+        self._deadline = deadline
+
+    async def read_body(self) -> bytes:
+        return await self._client._guard(self.response.read(), self._client.config.timeouts.first_byte, self._deadline)
+
+    async def read_chunk(self) -> bytes:
+        """The next bytes of a streaming body (b"" at its end), within the idle timeout."""
+        return await self._client._guard(self.response.content.readany(), self._client.config.timeouts.idle, self._deadline)
+
+    async def drain(self) -> None:
+        """Read what follows the end of a stream (SGLang sends finish and usage chunks even
+        after an error frame), so that the connection can go back to the pool."""
+        try:
+            async with asyncio.timeout(_DRAIN_TIMEOUT):
+                await self.response.read()
+        except (aiohttp.ClientError, TimeoutError):
+            pass  # release() then closes the connection instead of pooling it
 
 
 class UpstreamClient:
-    def __init__(self, config: UpstreamConfig) -> None:
+    def __init__(self, config: UpstreamConfig, on_error: ErrorHook | None = None) -> None:
         self.config = config
-        self._timeouts = config.timeouts
+        self.replicas = [Replica(url) for url in config.urls]
+        self._turn = itertools.count()
+        self._on_error = on_error or (lambda upstream, kind: None)
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
         headers = {"Content-Type": "application/json", **config.headers}
         key = config.key()
         if key:
@@ -33,64 +88,120 @@ class UpstreamClient:
         self._session = aiohttp.ClientSession(
             connector=aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0, keepalive_timeout=60),
             headers=headers,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self._timeouts.connect),
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
-        self._url = config.urls[0].rstrip("/")
+        self._probe = asyncio.create_task(self._probe_forever()) if config.health_check else None
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
         await self._session.close()
 
+    async def close_when_idle(self) -> None:
+        """For a client a reload replaced: requests that started on it finish first."""
+        await self._idle.wait()
+        await self.close()
+
+    def ready(self) -> bool:
+        now = time.monotonic()
+        return any(replica.available(now) for replica in self.replicas)
+
     @asynccontextmanager
-    async def post(self, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None) -> AsyncIterator[aiohttp.ClientResponse]:
-        """POST and yield the response once its headers arrived with a 2xx status.
+    async def post(self, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None) -> AsyncIterator[Exchange]:
+        """POST and yield the exchange once response headers arrived with a success status.
 
         Leaving the block before the body's end (a client gone, an error) closes the
-        connection, which is how SGLang and vLLM learn to stop generating; a body read to its
-        end returns the connection to the pool.
+        connection, which is how SGLang and vLLM learn to stop generating; a body read to
+        its end returns the connection to the pool.
         """
         data = body if isinstance(body, bytes) else orjson.dumps(body)
-        timeouts = self._timeouts
+        total = self.config.timeouts.total
+        deadline = time.monotonic() + total if total else None
+        self._in_flight += 1
+        self._idle.clear()
         try:
-            async with asyncio.timeout(timeouts.first_byte):
-                response = await self._session.post(self._url + path, data=data, headers=headers)
-        except aiohttp.ClientConnectionError as exc:
-            raise UpstreamUnreachable(f"upstream {self.config.name} unreachable: {exc}") from None
-        except TimeoutError:
-            raise UpstreamTimeout(f"upstream {self.config.name} sent no answer in {timeouts.first_byte:g} s") from None
-        try:
-            if response.status >= 400:
-                raise await _error_from(response)
-            yield response
+            response, replica = await self._send(path, data, headers, deadline)
+            try:
+                if response.status >= 400:
+                    self._on_error(self.config.name, f"status_{response.status}")
+                    raise await _error_from(response)
+                yield Exchange(self, response, deadline)
+            finally:
+                response.release()
+                replica.outstanding -= 1
         finally:
-            response.release()
-
-    async def read_body(self, response: aiohttp.ClientResponse) -> bytes:
-        return await self._guard(response.read(), self._timeouts.first_byte)
-
-    async def read_chunk(self, response: aiohttp.ClientResponse) -> bytes:
-        """The next bytes of a streaming body (b"" at its end), within the idle timeout."""
-        return await self._guard(response.content.readany(), self._timeouts.idle)
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
 
     async def get(self, path: str) -> tuple[int, bytes]:
-        try:
-            async with asyncio.timeout(self._timeouts.connect + self._timeouts.idle):
-                async with self._session.get(self._url + path) as response:
-                    return response.status, await response.read()
-        except aiohttp.ClientError as exc:
-            raise UpstreamUnreachable(f"upstream {self.config.name} unreachable: {exc}") from None
-        except TimeoutError:
-            raise UpstreamTimeout(f"upstream {self.config.name} did not answer {path}") from None
+        async def fetch() -> tuple[int, bytes]:
+            async with self._session.get(self._candidates()[0].url + path) as response:
+                return response.status, await response.read()
 
-    async def _guard(self, read, timeout: float) -> bytes:
+        return await self._guard(fetch(), self.config.timeouts.connect + self.config.timeouts.idle, None)
+
+    def _candidates(self) -> list[Replica]:
+        """Available replicas, fewest outstanding requests first, ties taken in turn."""
+        replicas = self.replicas
+        if len(replicas) == 1:
+            return replicas
+        now = time.monotonic()
+        usable = [replica for replica in replicas if replica.available(now)] or replicas
+        turn = next(self._turn) % len(usable)
+        return sorted(usable[turn:] + usable[:turn], key=lambda replica: replica.outstanding)
+
+    async def _send(self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None) -> tuple[aiohttp.ClientResponse, Replica]:
+        refused: list[str] = []
+        for replica in self._candidates():
+            replica.outstanding += 1
+            try:
+                response = await self._guard(
+                    self._session.post(replica.url + path, data=data, headers=headers), self.config.timeouts.first_byte, deadline
+                )
+            except UpstreamUnreachable as error:
+                replica.outstanding -= 1
+                if not isinstance(error.__cause__, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
+                    raise  # the request may have reached the replica: not ours to repeat
+                replica.ejected_until = time.monotonic() + self.config.eject_seconds
+                refused.append(f"{replica.url}: {error.__cause__}")
+            except BaseException:
+                replica.outstanding -= 1
+                raise
+            else:
+                return response, replica
+        raise UpstreamUnreachable(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
+
+    async def _guard(self, operation: Awaitable, timeout: float, deadline: float | None) -> Any:
+        if deadline is not None:
+            timeout = min(timeout, deadline - time.monotonic())
         try:
             async with asyncio.timeout(timeout):
-                return await read
+                return await operation
         except aiohttp.ClientError as exc:
-            raise UpstreamUnreachable(f"upstream {self.config.name} broke off: {exc!r}") from None
+            self._on_error(self.config.name, "connection")
+            raise UpstreamUnreachable(f"upstream {self.config.name} connection failed: {exc}") from exc
         except TimeoutError:
-            raise UpstreamTimeout(f"upstream {self.config.name} sent nothing for {timeout:g} s") from None
+            self._on_error(self.config.name, "timeout")
+            raise UpstreamTimeout(f"upstream {self.config.name} sent nothing for {timeout:.3g} s") from None
+
+    async def _probe_forever(self) -> None:
+        check = self.config.health_check
+        while True:
+            await asyncio.gather(*(self._probe_one(replica, check.path) for replica in self.replicas))
+            await asyncio.sleep(check.interval)
+
+    async def _probe_one(self, replica: Replica, path: str) -> None:
+        try:
+            async with asyncio.timeout(self.config.timeouts.connect):
+                async with self._session.get(replica.url + path) as response:
+                    replica.healthy = response.status < 400
+        except (aiohttp.ClientError, TimeoutError):
+            replica.healthy = False
+        if replica.healthy:
+            replica.ejected_until = 0.0
 
 
 async def _error_from(response: aiohttp.ClientResponse) -> ProxyError:

@@ -1,0 +1,34 @@
+"""What every proxied endpoint does first: read the JSON body, find the route."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..appkeys import RUNTIME
+from ..config import Route, served_models
+from ..errors import InvalidRequest, NotFound
+from ..upstream.client import UpstreamClient
+
+_JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
+
+
+async def read_body(request: web.Request) -> bytes:
+    if request.content_type not in _JSON_TYPES:
+        raise InvalidRequest(
+            f"Content-Type must be application/json, not {request.content_type}.", code="unsupported_media_type", status=415
+        )
+    return await request.read()
+
+
+def route(request: web.Request, model: str) -> tuple[Route, UpstreamClient]:
+    runtime = request.app[RUNTIME]
+    found = runtime.route(model)
+    if found is None:
+        served = ", ".join(served_models(runtime.config))
+        raise NotFound(f"The model '{model}' is not served here. Served: {served}.", param="model", code="model_not_found")
+    request["route"] = found[0].pattern
+    return found
+
+
+def upstream_headers(request: web.Request) -> dict[str, str]:
+    return {"X-Request-ID": request["request_id"]}

@@ -1,0 +1,33 @@
+"""Operational endpoints: health, readiness, metrics, the model list."""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from ..appkeys import RUNTIME
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.Response(text="ok")
+
+
+async def ready(request: web.Request) -> web.Response:
+    """503 while draining or while a route has no healthy replica, so traffic goes elsewhere."""
+    if request.app[RUNTIME].ready():
+        return web.Response(text="ready")
+    return web.Response(status=503, text="not ready")
+
+
+async def metrics(request: web.Request) -> web.Response:
+    return web.Response(body=request.app[RUNTIME].metrics.render(), content_type="text/plain", charset="utf-8")
+
+
+async def models(request: web.Request) -> web.Response:
+    """With routes: the models they serve (exact names and patterns); without: the upstream's list."""
+    runtime = request.app[RUNTIME]
+    config = runtime.config
+    if config.routes:
+        data = [{"id": route.model, "object": "model", "owned_by": route.upstream} for route in config.routes]
+        return web.json_response({"object": "list", "data": data})
+    status, body = await runtime.clients[config.upstreams[0].name].get("/v1/models")
+    return web.Response(status=status, body=body, content_type="application/json")

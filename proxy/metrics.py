@@ -1,0 +1,32 @@
+"""Prometheus metrics, one registry per app (tests run several apps in one process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.requests = Counter(
+            "proxy_requests", "Requests answered, by route, endpoint and HTTP status.", ["route", "endpoint", "status"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "proxy_request_duration_seconds", "Time from request to the end of the answer.", ["endpoint"], buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+        self.first_token = Histogram(
+            "proxy_time_to_first_token_seconds", "Time from request to the first generated token sent.", ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry
+        )
+        self.streams = Gauge("proxy_streams_in_flight", "Streaming responses being written.", registry=self.registry)
+        self.output_tokens = Counter("proxy_output_tokens", "Tokens generated, from upstream usage.", ["route"], registry=self.registry)
+        self.upstream_errors = Counter(
+            "proxy_upstream_errors", "Upstream failures by upstream and kind.", ["upstream", "kind"], registry=self.registry
+        )
+
+    def upstream_error(self, upstream: str, kind: str) -> None:
+        self.upstream_errors.labels(upstream, kind).inc()
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
