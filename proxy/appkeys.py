@@ -1,7 +1,9 @@
-"""Typed application state shared by the app factory and the handlers."""
+"""Typed application and request state shared by the app factory, middlewares and handlers."""
 
 from aiohttp import web
 
 from .runtime import Runtime
 
 RUNTIME = web.AppKey("runtime", Runtime)
+REQUEST_ID = web.RequestKey("request_id", str)
+ROUTE = web.RequestKey("route", str)  # the matched route's pattern, a metrics label

@@ -50,16 +50,18 @@ class PayloadTooLarge(ProxyError):
 
 
 class UpstreamError(ProxyError):
-    """The upstream answered with an error status; its status and message are kept."""
+    """The upstream reported an error: a 4xx keeps its status (the request was at fault),
+    anything else is the gateway's 502."""
 
-    type = "upstream_error"
-    code = "upstream_error"
+    status = 502
+    type = "server_error"
+    code = "server_error"
 
     def __init__(self, status: int, message: str, *, param: str | None = None):
-        super().__init__(message, param=param, status=status)
-        if 400 <= status < 500:
-            self.type = "invalid_request_error"
-            self.code = "invalid_request_error"
+        client_fault = 400 <= status < 500
+        super().__init__(message, param=param, status=status if client_fault else None)
+        if client_fault:
+            self.type = self.code = "invalid_request_error"
 
 
 class UpstreamUnreachable(ProxyError):

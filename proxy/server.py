@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from aiohttp import web
 
 from .api import endpoints, passthrough, responses
-from .appkeys import RUNTIME
+from .appkeys import REQUEST_ID, ROUTE, RUNTIME
 from .config import Config
 from .errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError, Unauthorized
 from .metrics import Metrics
@@ -18,7 +18,7 @@ from .runtime import Runtime
 
 access_log = logging.getLogger("proxy.access")
 
-REQUEST_ID = "X-Request-ID"
+REQUEST_ID_HEADER = "X-Request-ID"
 
 
 def error_response(error: ProxyError) -> web.Response:
@@ -28,7 +28,7 @@ def error_response(error: ProxyError) -> web.Response:
 @web.middleware
 async def observe(request: web.Request, handler) -> web.StreamResponse:
     """Request id, access log line and request metrics: once per request, never per chunk."""
-    request["request_id"] = request.headers.get(REQUEST_ID) or uuid.uuid4().hex
+    request[REQUEST_ID] = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
     started = time.monotonic()
     status = 499  # the client went away before an answer
     try:
@@ -40,7 +40,7 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
         info = request.match_info.route.resource
         endpoint = info.canonical if info is not None else "other"
         metrics = request.app[RUNTIME].metrics
-        metrics.requests.labels(request.get("route", ""), endpoint, str(status)).inc()
+        metrics.requests.labels(request.get(ROUTE, ""), endpoint, str(status)).inc()
         metrics.latency.labels(endpoint).observe(elapsed)
         access_log.info(
             "%s %s %d %.1fms",
@@ -48,7 +48,7 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
             request.path,
             status,
             elapsed * 1000,
-            extra={"request_id": request["request_id"], "status": status, "duration_ms": round(elapsed * 1000, 1), "route": request.get("route")},
+            extra={"request_id": request[REQUEST_ID], "status": status, "duration_ms": round(elapsed * 1000, 1), "route": request.get(ROUTE)},
         )
 
 
@@ -78,7 +78,7 @@ async def authenticate(request: web.Request, handler) -> web.StreamResponse:
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
-    response.headers[REQUEST_ID] = request["request_id"]
+    response.headers[REQUEST_ID_HEADER] = request[REQUEST_ID]
 
 
 def create_app(config: Config) -> web.Application:

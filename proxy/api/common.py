@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from ..appkeys import RUNTIME
+from ..appkeys import REQUEST_ID, ROUTE, RUNTIME
 from ..config import Route, served_models
 from ..errors import InvalidRequest, NotFound
 from ..upstream.client import UpstreamClient
@@ -26,9 +26,9 @@ def route(request: web.Request, model: str) -> tuple[Route, UpstreamClient]:
     if found is None:
         served = ", ".join(served_models(runtime.config))
         raise NotFound(f"The model '{model}' is not served here. Served: {served}.", param="model", code="model_not_found")
-    request["route"] = found[0].pattern
+    request[ROUTE] = found[0].pattern
     return found
 
 
 def upstream_headers(request: web.Request) -> dict[str, str]:
-    return {"X-Request-ID": request["request_id"]}
+    return {"X-Request-ID": request[REQUEST_ID]}

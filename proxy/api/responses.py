@@ -7,7 +7,7 @@ import time
 import orjson
 from aiohttp import web
 
-from ..appkeys import RUNTIME
+from ..appkeys import ROUTE, RUNTIME
 from ..errors import ProxyError
 from ..responses.request import Call, parse_request, plan_call
 from ..responses.translate import ResponseTranslator, translate_completion
@@ -53,7 +53,7 @@ async def _stream(request: web.Request, call: Call, exchange: Exchange, started:
             await response.write(translator.feed(data) if data else translator.finish())
             if first_token and translator.generating:
                 first_token = False
-                metrics.first_token.labels(request["route"]).observe(time.monotonic() - started)
+                metrics.first_token.labels(request[ROUTE]).observe(time.monotonic() - started)
         await response.write_eof()
     finally:
         metrics.streams.dec()

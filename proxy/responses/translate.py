@@ -129,8 +129,7 @@ class ResponseTranslator:
         """One decoded chunk (or a whole non-streaming completion)."""
         if chunk.error is not None:
             code = chunk.error.code
-            status = code if isinstance(code, int) and 400 <= code < 600 else 500
-            self._fail(UpstreamError(status, chunk.error.message))
+            self._fail(UpstreamError(code if isinstance(code, int) else 500, chunk.error.message))
             return
         if chunk.usage is not None:
             self._usage = chunk.usage

@@ -210,8 +210,7 @@ async def _error_from(response: aiohttp.ClientResponse) -> ProxyError:
     except aiohttp.ClientError:
         body = b""
     message, param = _error_message(body)
-    status = response.status if response.status < 500 else 502
-    return UpstreamError(status, message or f"upstream answered {response.status} {response.reason}", param=param)
+    return UpstreamError(response.status, message or f"upstream answered {response.status} {response.reason}", param=param)
 
 
 def _error_message(body: bytes) -> tuple[str, str | None]:
