@@ -1,0 +1,27 @@
+# responses-proxy: OpenAI Responses API in front of SGLang / vLLM.
+#   docker build -t responses-proxy:0.1.0 .
+#   docker run --rm -p 8080:8080 responses-proxy:0.1.0 --upstream http://host.docker.internal:30000
+# The default config (configs/proxy.yaml, SGLang at 127.0.0.1:30000) is baked in at
+# /etc/responses-proxy/proxy.yaml; Kubernetes mounts a ConfigMap over that directory.
+FROM python:3.12-slim
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1
+
+WORKDIR /src
+COPY . .
+RUN pip install --no-cache-dir . \
+    && install -D -m 0644 configs/proxy.yaml /etc/responses-proxy/proxy.yaml \
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin proxy
+
+USER 10001:10001
+WORKDIR /
+EXPOSE 8080
+
+# No curl in slim images: probe /health with the interpreter that runs the proxy.
+HEALTHCHECK --interval=15s --timeout=3s --start-period=5s --retries=3 \
+    CMD ["python", "-c", "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8080/health', timeout=2)"]
+
+ENTRYPOINT ["responses-proxy"]
+CMD ["--config", "/etc/responses-proxy/proxy.yaml"]
