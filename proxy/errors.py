@@ -21,6 +21,11 @@ class ProxyError(Exception):
         if status is not None:
             self.status = status
 
+    @property
+    def response_code(self) -> str:
+        """The code on a failed Response's `error`, which takes only the API's own values."""
+        return "invalid_prompt" if self.status < 500 else "server_error"
+
     def envelope(self) -> dict:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 

@@ -60,7 +60,7 @@ async def render_errors(request: web.Request, handler) -> web.StreamResponse:
     except ProxyError as error:
         return error_response(error)
     except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(PayloadTooLarge(f"The request body is larger than {exc.max_size} bytes."))
+        return error_response(PayloadTooLarge(exc.text))
     except web.HTTPNotFound:
         return error_response(NotFound(f"No such endpoint: {request.method} {request.path}."))
     except web.HTTPMethodNotAllowed:

@@ -49,7 +49,8 @@ async def _stream(request: web.Request, call: Call, exchange: Exchange, started:
                 data = await exchange.read_chunk()
             except ProxyError as error:
                 await response.write(translator.fail(error))
-                break
+                await response.write_eof()
+                return response, translator.response
             await response.write(translator.feed(data) if data else translator.finish())
             if first_token and translator.generating:
                 first_token = False

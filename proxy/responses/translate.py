@@ -121,6 +121,10 @@ class ResponseTranslator:
         return self._flush()
 
     def fail(self, error: ProxyError) -> bytes:
+        """The upstream broke off. A generation that already finished still completes: only
+        the usage chunk or `[DONE]` was lost."""
+        if self._finish_reason is not None:
+            return self.finish()
         if not self.done:
             self._fail(error)
         return self._flush()
@@ -313,7 +317,7 @@ class ResponseTranslator:
         self._close_all(None, "incomplete")
         self.error = error
         self._emit("error", code=error.code, message=error.message, param=error.param)
-        self._terminate("response.failed", "failed", error={"code": error.code or "server_error", "message": error.message})
+        self._terminate("response.failed", "failed", error={"code": error.response_code, "message": error.message})
 
     def _terminate(self, event: str, status: str, **fields: Any) -> None:
         response = self._snapshot(status)

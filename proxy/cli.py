@@ -1,0 +1,132 @@
+"""Command line: `responses-proxy` / `python -m proxy`. Worker processes start from this module
+(not `__main__`), so that they can import their entry point."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import multiprocessing
+import os
+import signal
+import sys
+
+from . import config as config_module
+from . import logs
+from .appkeys import RUNTIME
+from .config import Config, ConfigError
+from .server import create_app, serve
+
+log = logging.getLogger("proxy")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="responses-proxy",
+        description="OpenAI Responses API in front of SGLang, vLLM or any Chat Completions server.",
+    )
+    parser.add_argument("--config", metavar="PATH", help="YAML config file (every key: configs/proxy.example.yaml)")
+    parser.add_argument("--check-config", metavar="PATH", help="validate PATH, print its routes, exit non-zero on error")
+    parser.add_argument(
+        "--upstream",
+        metavar="URL",
+        help=f"one upstream for every model, replacing the config's upstreams and routes (without a config: {config_module.DEFAULT_UPSTREAM})",
+    )
+    parser.add_argument("--host", help="address to listen on (default: the config's listen.host, 0.0.0.0)")
+    parser.add_argument("--port", type=int, help="port to listen on (default: the config's listen.port, 8080)")
+    parser.add_argument("--workers", type=int, default=1, metavar="N", help="processes sharing the port with SO_REUSEPORT (default: 1)")
+    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default: the config's log.level, info)")
+    return parser.parse_args(argv)
+
+
+def load_config(args: argparse.Namespace) -> Config:
+    config = config_module.load(args.config) if args.config else config_module.single_upstream(config_module.DEFAULT_UPSTREAM)
+    if args.upstream:
+        upstreams = config_module.single_upstream(args.upstream).upstreams
+        config = config_module.replace(config, upstreams=upstreams, routes=[])
+    return config
+
+
+async def run(args: argparse.Namespace, config: Config) -> None:
+    host = args.host or config.listen.host
+    port = config.listen.port if args.port is None else args.port
+    app = create_app(config)
+    runner = await serve(app, host, port, reuse_port=args.workers > 1, shutdown_grace=config.shutdown_grace)
+    log.info("listening on %s:%d\n%s", host, port, config_module.describe(config))
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    loop.add_signal_handler(signal.SIGHUP, reload, args, app)
+    await stop.wait()
+    log.info("draining: streams in flight get %g s", config.shutdown_grace)
+    app[RUNTIME].draining = True
+    await runner.cleanup()
+
+
+def reload(args: argparse.Namespace, app) -> None:
+    """SIGHUP: take the new file whole, or keep the old config and say why."""
+    try:
+        config = load_config(args)
+    except ConfigError as exc:
+        log.error("config reload failed, keeping the running config: %s", exc)
+        return
+    app[RUNTIME].reload(config)
+    log.info("config reloaded\n%s", config_module.describe(config))
+
+
+def serve_forever(args: argparse.Namespace, config: Config) -> None:
+    try:
+        import uvloop
+    except ImportError:
+        asyncio.run(run(args, config))
+    else:
+        uvloop.run(run(args, config))
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.check_config:
+        try:
+            config = config_module.load(args.check_config)
+        except ConfigError as exc:
+            print(f"{args.check_config}: {exc}", file=sys.stderr)
+            return 1
+        print(config_module.describe(config))
+        return 0
+    try:
+        config = load_config(args)
+    except ConfigError as exc:
+        print(f"config error: {exc}", file=sys.stderr)
+        return 2
+    logs.setup(config.log.format, args.log_level or config.log.level)
+    if args.workers <= 1:
+        serve_forever(args, config)
+        return 0
+    return _run_workers(args, config)
+
+
+def _run_workers(args: argparse.Namespace, config: Config) -> int:
+    """N processes on one port (SO_REUSEPORT); signals are passed on to every one."""
+    context = multiprocessing.get_context("spawn")
+    workers = [context.Process(target=_worker, args=(args,), name=f"worker-{i}") for i in range(args.workers)]
+    for worker in workers:
+        worker.start()
+
+    def forward(sig: int, _frame) -> None:
+        for worker in workers:
+            if worker.is_alive():
+                os.kill(worker.pid, sig)
+
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, forward)
+    for worker in workers:
+        worker.join()
+    return max(worker.exitcode or 0 for worker in workers)
+
+
+def _worker(args: argparse.Namespace) -> None:
+    config = load_config(args)
+    logs.setup(config.log.format, args.log_level or config.log.level)
+    serve_forever(args, config)
+

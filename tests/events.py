@@ -1,0 +1,241 @@
+"""Shared by the streaming tests: upstream SSE built from a scripted `Generation`, the
+translator driven over it, and the streaming event contract (DESIGN 3.7-3.9, 4) checked on
+what comes out. The expectations here are computed from the chat chunks alone, never from
+the proxy's code."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+from proxy.responses.request import Call, Upstream, parse_request, plan_call
+from proxy.responses.translate import ResponseTranslator
+from tests.client import LOGPROBS, parse_sse, validate_event, validate_response
+
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+# Delta event type -> the event type that closes it and the key holding the full text.
+DELTAS = {
+    "response.output_text.delta": ("response.output_text.done", "text"),
+    "response.reasoning_text.delta": ("response.reasoning_text.done", "text"),
+    "response.function_call_arguments.delta": ("response.function_call_arguments.done", "arguments"),
+}
+
+
+def frame(chunk: dict, nl: str = "\n") -> bytes:
+    return b"data: " + orjson.dumps(chunk) + (nl * 2).encode()
+
+
+def sse(chunks: Iterable[dict], *, done: bool = True, nl: str = "\n") -> bytes:
+    """Chat chunks as an upstream writes them, `data: [DONE]` last when `done`."""
+    return b"".join(frame(c, nl) for c in chunks) + (b"data: [DONE]" + (nl * 2).encode() if done else b"")
+
+
+def error_frame(message: str = "boom", code: int | str = 500) -> bytes:
+    """SGLang's mid-stream error frame."""
+    return frame({"error": {"object": "error", "message": message, "type": "InternalServerError", "param": None, "code": code}})
+
+
+def plan(logprobs: bool = True, **body: Any) -> Call:
+    request = {"model": "m", "input": "hi", "stream": True, **body}
+    if logprobs:
+        request["include"] = LOGPROBS
+    return plan_call(parse_request(orjson.dumps(request)), Upstream(model="m"))
+
+
+def translate(call: Call, pieces: Iterable[bytes], *, finish: bool = True) -> tuple[ResponseTranslator, list[dict]]:
+    """Drive a fresh translator over `pieces` (then end of input); the events it wrote."""
+    translator = ResponseTranslator(call)
+    out = [translator.start()]
+    out += [translator.feed(piece) for piece in pieces]
+    if finish:
+        out.append(translator.finish())
+    raw = b"".join(out)
+    return translator, parse_sse(raw) if translator.done else parse_sse(raw + b"data: [DONE]\n\n")
+
+
+# -- what the upstream sent -----------------------------------------------------------------
+
+
+def chunk_scores(chunk: dict) -> list[dict]:
+    choices = chunk.get("choices") or [{}]
+    return (choices[0].get("logprobs") or {}).get("content") or []
+
+
+def as_response_logprob(entry: dict) -> dict:
+    """DESIGN 3.5, written out independently: bytes default to the token's UTF-8, null -> -9999."""
+
+    def one(e: dict) -> dict:
+        logprob = -9999.0 if e["logprob"] is None else e["logprob"]
+        return {"token": e["token"], "logprob": logprob, "bytes": e.get("bytes") or list(e["token"].encode())}
+
+    return {**one(entry), "top_logprobs": [one(t) for t in entry.get("top_logprobs") or []]}
+
+
+def sent_scores(chunks: Iterable[dict]) -> list[dict]:
+    """Every score in the chunks, in order, as the Responses entries they must become."""
+    return [as_response_logprob(s) for c in chunks for s in chunk_scores(c)]
+
+
+def expected_deltas(chunks: Iterable[dict]) -> list[tuple[str, list[dict]]]:
+    """DESIGN 3.7's pending-score buffer as a model: each chunk with output text gets a delta
+    carrying every pending score plus its own."""
+    deltas, pending = [], []
+    for chunk in chunks:
+        pending += [as_response_logprob(s) for s in chunk_scores(chunk)]
+        text = ((chunk.get("choices") or [{}])[0].get("delta") or {}).get("content")
+        if text:
+            deltas.append((text, pending))
+            pending = []
+    return deltas
+
+
+def tokens(scores: list[dict]) -> list[str]:
+    return [s["token"] for s in scores]
+
+
+# -- what the translator sent ---------------------------------------------------------------
+
+
+@dataclass
+class _Item:
+    id: str
+    type: str
+    part_added: bool = False
+    deltas: list[dict] = field(default_factory=list)
+    done_events: dict[str, dict] = field(default_factory=dict)
+    item: dict | None = None  # from output_item.done
+
+
+@dataclass
+class Stream:
+    events: list[dict]
+    response: dict
+    items: list[_Item]
+
+    @property
+    def terminal(self) -> str:
+        return self.events[-1]["type"]
+
+    @property
+    def message(self) -> _Item | None:
+        messages = [item for item in self.items if item.type == "message"]
+        assert len(messages) <= 1, "one message item at most"
+        return messages[0] if messages else None
+
+    @property
+    def deltas(self) -> list[tuple[str, list[dict]]]:
+        """The message's output_text deltas as (text, logprobs)."""
+        return [(d["delta"], d["logprobs"]) for d in self.message.deltas] if self.message else []
+
+    @property
+    def logprobs(self) -> list[dict]:
+        """The message's full list (from the final response), [] without a message."""
+        return self.message.item["content"][0]["logprobs"] if self.message else []
+
+    @property
+    def text(self) -> str | None:
+        return self.message.item["content"][0]["text"] if self.message else None
+
+    def of_type(self, kind: str) -> list[dict]:
+        return [item.item for item in self.items if item.type == kind]
+
+
+def check_stream(events: list[dict]) -> Stream:
+    """Assert the streaming event contract on one response's events; returns them digested."""
+    types = [e["type"] for e in events]
+    for number, event in enumerate(events):
+        validate_event(event)
+        assert event["sequence_number"] == number, types
+    assert types[:2] == ["response.created", "response.in_progress"], types
+    assert sum(t in TERMINAL for t in types) == 1 and types[-1] in TERMINAL, types
+    response = events[-1]["response"]
+    validate_response(response)
+    assert {e["response"]["id"] for e in events if "response" in e} == {response["id"]}
+    assert response["status"] == types[-1].removeprefix("response.")
+    if types[-1] == "response.failed":
+        error = events[-2]
+        assert set(error) == {"type", "code", "message", "param", "sequence_number"}, error
+        assert error["type"] == "error" and isinstance(error["code"], str) and error["message"]
+        assert set(response["error"]) == {"code", "message"} and isinstance(response["error"]["code"], str)
+        assert response["error"]["message"] == error["message"]
+    else:
+        assert "error" not in types and response["error"] is None
+    if types[-1] == "response.completed":
+        assert isinstance(response["completed_at"], int)
+    else:
+        assert response["completed_at"] is None
+
+    items: list[_Item] = []
+    open_other: _Item | None = None  # the open reasoning or function_call item
+    for event in events:
+        kind = event["type"]
+        if kind == "response.output_item.added":
+            assert event["output_index"] == len(items), "output_index dense, in order of output_item.added"
+            assert event["item"]["status"] == "in_progress"
+            item = _Item(event["item"]["id"], event["item"]["type"])
+            if item.type != "message":
+                assert open_other is None, "items follow one another"
+                open_other = item
+            items.append(item)
+            continue
+        if "output_index" not in event:
+            continue
+        item = items[event["output_index"]]
+        assert item.item is None, f"{kind} after its item was done"
+        if "item_id" in event:
+            assert event["item_id"] == item.id
+        if kind == "response.output_item.done":
+            assert event["item"]["id"] == item.id and event["item"]["type"] == item.type
+            item.item = event["item"]
+            if item is open_other:
+                open_other = None
+        elif kind == "response.content_part.added":
+            item.part_added = True
+        elif kind in DELTAS:
+            assert event["delta"], f"empty {kind}"
+            if kind != "response.function_call_arguments.delta":
+                assert item.part_added, f"{kind} before content_part.added"
+            if kind == "response.output_text.delta":
+                assert open_other is None, "text while another item is open"
+            item.deltas.append(event)
+        else:
+            item.done_events[kind] = event
+
+    assert all(item.item is not None for item in items), "every item is done"
+    assert [item.id for item in items] == [o["id"] for o in response["output"]]
+    assert [item.item for item in items] == response["output"]
+    done_order = [e["item"]["id"] for e in events if e["type"] == "response.output_item.done"]
+    for item in items:
+        if item.deltas:
+            closing, key = DELTAS[item.deltas[0]["type"]]
+            assert item.done_events[closing][key] == "".join(d["delta"] for d in item.deltas)
+        if item.type == "message":
+            assert done_order[-1] == item.id, "the message closes last"
+            part = item.done_events["response.content_part.done"]["part"]
+            assert item.item["content"] == [part]
+            text_done = item.done_events["response.output_text.done"]
+            assert (text_done["text"], text_done["logprobs"]) == (part["text"], part["logprobs"])
+            streamed = [s for d in item.deltas for s in d["logprobs"]]
+            assert part["logprobs"][: len(streamed)] == streamed, "delta scores are a prefix of the full list"
+    return Stream(events, response, items)
+
+
+def without_ids(value: Any, names: dict[str, str] | None = None) -> Any:
+    """`value` with minted ids numbered by first appearance (so two runs compare equal, and an
+    id that changes inside one run still shows) and timestamps zeroed."""
+    names = {} if names is None else names
+    if isinstance(value, dict):
+        out = {}
+        for key, item in value.items():
+            if key in ("id", "item_id") and isinstance(item, str):
+                item = names.setdefault(item, f"{item.split('_')[0]}#{len(names)}")
+            elif key in ("created_at", "completed_at") and item is not None:
+                item = 0
+            out[key] = without_ids(item, names)
+        return out
+    if isinstance(value, list):
+        return [without_ids(item, names) for item in value]
+    return value

@@ -1,0 +1,114 @@
+"""SSEDecoder: the same events however the bytes are split, and linear work on big events."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from proxy.errors import UpstreamProtocolError
+from proxy.upstream.sse import SSEDecoder
+
+
+def decode(pieces: list[bytes], decoder: SSEDecoder | None = None) -> list[bytes]:
+    decoder = decoder or SSEDecoder()
+    events = [event for piece in pieces for event in decoder.feed(piece)]
+    return events + decoder.close()
+
+
+def split(data: bytes, cuts: list[int]) -> list[bytes]:
+    bounds = [0, *sorted(cuts), len(data)]
+    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
+
+
+# A data value: any text without line breaks (a trailing \r would read as a line ending).
+values = st.text(st.characters(blacklist_characters="\r\n", blacklist_categories=("Cs",)), max_size=12)
+# Lines that carry no data: the decoder must skip them.
+noise = st.sampled_from([b":", b": keep-alive", b"event: message", b"id: 7", b"retry: 1000", b"event:"])
+
+
+@st.composite
+def streams(draw) -> tuple[bytes, list[bytes]]:
+    """An SSE body with its expected data payloads: events of one or more data lines with
+    comments and other fields mixed in, blank-line runs, either line ending."""
+    nl = draw(st.sampled_from([b"\n", b"\r\n"]))
+    lines: list[bytes] = []
+    expected: list[bytes] = []
+    for _ in range(draw(st.integers(0, 6))):
+        data = [v.encode() for v in draw(st.lists(values, max_size=3))]
+        for value in data:
+            lines += draw(st.lists(noise, max_size=2))
+            # "data:" then one optional space, which is not part of the value.
+            spaced = value.startswith(b" ") or draw(st.booleans())
+            lines.append((b"data: " if spaced else b"data:") + value)
+        lines += draw(st.lists(noise, max_size=1))
+        lines += [b""] * draw(st.integers(1, 2))
+        if data:
+            expected.append(b"\n".join(data))
+    body = b"".join(line + nl for line in lines)
+    return body, expected
+
+
+@settings(max_examples=300, deadline=None)
+@given(streams(), st.data())
+def test_any_split_gives_the_same_events(stream: tuple[bytes, list[bytes]], data: st.DataObject) -> None:
+    body, expected = stream
+    cuts = data.draw(st.lists(st.integers(0, len(body)), max_size=20))
+    assert decode(split(body, cuts)) == expected
+    assert decode([body[i : i + 1] for i in range(len(body))]) == expected
+
+
+@pytest.mark.parametrize("nl", [b"\n", b"\r\n"])
+def test_fields_comments_and_multiline_data(nl: bytes) -> None:
+    body = nl.join([b": comment", b"event: chunk", b"id: 1", b"data: a", b"data:b", b"data: ", b"", b"", b"data: [DONE]", b"", b""])
+    assert decode([body]) == [b"a\nb\n", b"[DONE]"]
+
+
+@pytest.mark.parametrize("tail", [b"data: last", b"data: last\n", b"data: last\r\n"])
+def test_end_without_blank_line_still_counts(tail: bytes) -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: first\n\n" + tail) == [b"first"]
+    assert decoder.close() == [b"last"]
+
+
+def test_close_with_nothing_pending() -> None:
+    decoder = SSEDecoder()
+    assert decoder.feed(b"data: x\n\n: trailing comment\n") == [b"x"]
+    assert decoder.close() == []
+
+
+class CountingBuffer(bytearray):
+    """A bytearray that counts the bytes its `find` looks at."""
+
+    scanned = 0
+
+    def find(self, sub, start=0, *args):  # type: ignore[override]
+        found = super().find(sub, start, *args)
+        CountingBuffer.scanned += (found + 1 if found >= 0 else len(self)) - start
+        return found
+
+
+@pytest.mark.parametrize(
+    ("size", "piece"),
+    [(2 * 1024 * 1024 + 3, 64 * 1024), (200_000, 1)],
+    ids=["2MiB-in-64KiB-pieces", "200KB-in-1-byte-pieces"],
+)
+def test_big_event_in_small_pieces_is_linear(size: int, piece: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """DESIGN 8 (h11's receive buffer): held bytes are not searched again on every feed."""
+    value = bytes(range(32, 127)) * (size // 95 + 1)
+    value = value[:size]
+    body = b": hello\ndata: " + value + b"\ndata: tail\n\n"
+    decoder = SSEDecoder()
+    assert isinstance(decoder._buffer, bytearray)
+    monkeypatch.setattr(decoder, "_buffer", CountingBuffer())
+    monkeypatch.setattr(CountingBuffer, "scanned", 0)
+    events = decode([body[i : i + piece] for i in range(0, len(body), piece)], decoder)
+    assert events == [value + b"\ntail"]
+    assert CountingBuffer.scanned <= 2 * len(body), (CountingBuffer.scanned, len(body))
+
+
+def test_event_over_the_size_limit_is_refused() -> None:
+    decoder = SSEDecoder(max_event_size=1000)
+    assert decoder.feed(b"data: " + b"x" * 600 + b"\n") == []
+    with pytest.raises(UpstreamProtocolError):
+        decoder.feed(b"data: " + b"y" * 600)

@@ -1,0 +1,155 @@
+"""Streaming through the real proxy, a real loopback upstream and real clients."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from proxy.config import parse
+from proxy.errors import UpstreamTimeout
+from tests.client import LOGPROBS, stream
+from tests.events import check_stream, expected_deltas, sent_scores, tokens, without_ids
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
+
+BODY = {"model": "m", "input": "hi", "include": LOGPROBS, "top_logprobs": 2}
+
+
+def seed() -> Generation:
+    """The issue's seed case: reasoning A, text B, text C, finish, late score D."""
+    return Generation([
+        Step("reasoning", "A", [score("A")]),
+        Step("text", "B", [score("B")]),
+        Step("text", "C", [score("C")]),
+        Step("finish", scores=[score("D")], finish_reason="stop"),
+    ])
+
+
+def tool_turn() -> Generation:
+    return Generation([
+        Step("reasoning", "hm", [score("h"), score("m")]),
+        Step("text", "Hi", [score("Hi")]),
+        Step("tool", '{"a":', tool_id="call_1", tool_name="f"),
+        Step("scores", scores=[score("{"), score("a")]),
+        Step("tool", "1}", [score("1}")]),
+        Step("finish", finish_reason="tool_calls", scores=[score("<eos>")]),
+    ])
+
+
+def long_text(steps: int = 60) -> Generation:
+    return Generation([Step("text", f"w{i} ", [score(f"w{i}")]) for i in range(steps)] + [Step("finish", finish_reason="stop")])
+
+
+async def within(awaitable, seconds: float = 5.0):
+    return await asyncio.wait_for(awaitable, seconds)
+
+
+async def test_upstream_is_asked_to_stream_with_usage(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(Reply(seed()))
+    check_stream(await within(stream(http, proxy, BODY)))
+    (sent,) = upstream.requests
+    assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
+    assert sent["logprobs"] is True and sent["top_logprobs"] == BODY["top_logprobs"]
+
+
+async def test_seed_case_however_the_upstream_writes(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    gen = seed()
+    replies = [Reply(gen), Reply(gen, write_size=1), Reply(gen, coalesce=True), Reply(gen, line_ending="\r\n", write_size=7)]
+    upstream.script(*replies)
+    runs = [check_stream(await within(stream(http, proxy, BODY))) for _ in replies]
+    chunks = gen.chunks()
+    first = runs[0]
+    assert first.terminal == "response.completed"
+    assert [tokens(s) for _, s in first.deltas] == [["A", "B"], ["C"]]
+    assert first.deltas == expected_deltas(chunks)
+    assert first.logprobs == sent_scores(chunks) and tokens(first.logprobs) == ["A", "B", "C", "D"]
+    for run in runs[1:]:
+        assert without_ids(run.events) == without_ids(first.events)
+
+
+async def test_sdk_stream_helper_matches_non_streaming(upstream: FakeUpstream, sdk: openai.AsyncOpenAI) -> None:
+    gen = tool_turn()
+    upstream.script(Reply(gen), Reply(gen, write_size=5))
+    whole = await sdk.responses.parse(**BODY)
+    async with sdk.responses.stream(**BODY) as events:
+        types = [event.type async for event in events]
+        final = await events.get_final_response()
+    assert types[0] == "response.created" and types[-1] == "response.completed"
+    assert without_ids(final.model_dump(mode="json")) == without_ids(whole.model_dump(mode="json"))
+    assert [lp.token for lp in final.output[1].content[0].logprobs] == tokens(sent_scores(gen.chunks()))
+
+
+async def test_event_larger_than_a_line_limit(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    text = "x" * (3 * 1024 * 1024)
+    gen = Generation([Step("text", text, [score("x")]), Step("finish", finish_reason="stop")])
+    upstream.script(Reply(gen, write_size=64 * 1024))
+    run = check_stream(await within(stream(http, proxy, BODY)))
+    assert run.terminal == "response.completed" and run.text == text
+
+
+async def read_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    buffer = b""
+    async for data in response.content.iter_any():
+        buffer += data
+        *frames, buffer = buffer.split(b"\n\n")
+        for frame in frames:
+            if frame != b"data: [DONE]":
+                yield orjson.loads(frame.split(b"\ndata: ", 1)[1])
+
+
+@pytest.mark.parametrize("pacing", [{"stall_after": 4}, {"delay": 0.05}], ids=["stalled", "paced"])
+async def test_client_disconnect_cancels_the_upstream(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, pacing: dict
+) -> None:
+    upstream.script(Reply(long_text(), **pacing))
+    async with http.post(f"{proxy}/v1/responses", json={**BODY, "stream": True}) as response:
+        seen = []
+        async for event in read_events(response):
+            seen.append(event["type"])
+            if event["type"] == "response.output_text.delta":
+                break
+        response.close()
+    assert seen[-1] == "response.output_text.delta"
+    await asyncio.wait_for(upstream.disconnected.wait(), 1.0)
+    assert upstream.disconnects == 1
+
+
+CHUNKS = tool_turn().chunks()
+
+
+@pytest.mark.parametrize(
+    ("reply", "terminal", "read"),
+    [
+        (dict(error_frame_after=3), "response.failed", 3),
+        (dict(error_frame_after=3, write_size=11), "response.failed", 3),
+        (dict(drop_after=3), "response.failed", 3),
+        (dict(done=False), "response.completed", len(CHUNKS)),
+        (dict(extra_frames=[b"data: garbage\n\n"]), "response.failed", len(CHUNKS)),
+    ],
+    ids=["error-frame", "error-frame-split", "dropped", "no-done", "garbage"],
+)
+async def test_upstream_faults(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, reply: dict, terminal: str, read: int
+) -> None:
+    """Each ends with one terminal event and [DONE] (the framing checked on every event), the
+    scores read before the fault on the message, and never a hang."""
+    upstream.script(Reply(tool_turn(), **reply))
+    run = check_stream(await within(stream(http, proxy, BODY)))
+    assert run.terminal == terminal
+    assert run.logprobs == sent_scores(CHUNKS[:read])
+
+
+async def test_stalled_upstream_times_out(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    config = parse({"upstreams": [{"name": "default", "urls": [upstream.url], "timeouts": {"idle": 0.3}}]})
+    proxy = await start_proxy(config)
+    upstream.script(Reply(tool_turn(), stall_after=3))
+    run = check_stream(await within(stream(http, proxy, BODY), 3.0))
+    assert run.terminal == "response.failed"
+    assert run.events[-2]["code"] == UpstreamTimeout.code
+    assert run.logprobs == sent_scores(CHUNKS[:3])
+    # The stalled upstream request is given up, not left hanging.
+    await asyncio.wait_for(upstream.disconnected.wait(), 2.0)

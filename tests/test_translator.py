@@ -1,0 +1,286 @@
+"""ResponseTranslator without a socket: chat chunks in, Responses events out (DESIGN 3.7-3.9, 4)."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+
+from proxy.errors import UpstreamTimeout
+from proxy.responses.translate import translate_completion
+from tests.client import parse_sse
+from tests.events import (
+    check_stream,
+    error_frame,
+    expected_deltas,
+    frame,
+    plan,
+    sent_scores,
+    sse,
+    tokens,
+    translate,
+    without_ids,
+)
+from tests.fake_upstream import Generation, Step, score
+
+
+def s(*names: str) -> list[dict]:
+    return [score(name) for name in names]
+
+
+def run(gen: Generation, *, logprobs: bool = True):
+    chunks = gen.chunks()
+    return chunks, check_stream(translate(plan(logprobs), [sse(chunks)])[1])
+
+
+def delta_tokens(stream) -> list[list[str]]:
+    return [tokens(scores) for _, scores in stream.deltas]
+
+
+# -- the pending-score buffer (3.7) ---------------------------------------------------------
+
+SEED = [
+    Step("reasoning", "A", s("A")),
+    Step("text", "B", s("B")),
+    Step("text", "C", s("C")),
+    Step("finish", scores=s("D"), finish_reason="stop"),
+]
+
+
+@pytest.mark.parametrize(
+    ("dialect", "steps", "deltas"),
+    [
+        # The issue's seed case: reasoning A, text B, text C, finish, late score D.
+        ("sglang", SEED, [["A", "B"], ["C"]]),
+        # vLLM ends on the last text chunk, which carries C and D with finish_reason.
+        ("vllm", SEED, [["A", "B"], ["C", "D"]]),
+        # SGLang with a tool parser: text chunks carry no scores, a logprobs-only chunk follows.
+        (
+            "sglang",
+            [Step("text", "B"), Step("scores", scores=s("B")), Step("text", "C"), Step("scores", scores=s("C")),
+             Step("finish", finish_reason="stop")],
+            [[], ["B"]],
+        ),
+        # Parser hold-back: the scores come before the text they belong to.
+        ("sglang", [Step("scores", scores=s("B", "C")), Step("text", "BC"), Step("finish", finish_reason="stop")], [["B", "C"]]),
+        # A reasoning chunk carries the score of an answer token decoded in the same step.
+        (
+            "sglang",
+            [Step("reasoning", "A", s("A", "B")), Step("text", "B"), Step("text", "C", s("C")), Step("finish", finish_reason="stop")],
+            [["A", "B"], ["C"]],
+        ),
+        # A chunk with empty text sends no delta; its score waits for the next one.
+        ("sglang", [Step("text", "", s("x")), Step("text", "B", s("B")), Step("finish", finish_reason="stop")], [["x", "B"]]),
+        # Scores of a tool call between two texts ride on the second text.
+        (
+            "vllm",
+            [Step("text", "B", s("B")), Step("tool", "{}", s("t1", "t2"), tool_id="c1", tool_name="f"), Step("text", "C", s("C")),
+             Step("finish", finish_reason="stop")],
+            [["B"], ["t1", "t2", "C"]],
+        ),
+    ],
+    ids=["seed", "vllm-finish-on-text", "tool-parser", "scores-first", "reasoning-carries-answer", "empty-text", "tool-between"],
+)
+def test_pending_scores(dialect: str, steps: list[Step], deltas: list[list[str]]) -> None:
+    chunks, stream = run(Generation(steps, dialect=dialect))
+    assert stream.terminal == "response.completed"
+    assert delta_tokens(stream) == deltas
+    assert stream.deltas == expected_deltas(chunks)
+    everything = sent_scores(chunks)
+    assert tokens(everything) == [t for step in steps for t in tokens(step.scores)]
+    assert stream.logprobs == everything  # check_stream: the same list on every done event
+    assert stream.text == "".join(step.text for step in steps if step.kind == "text")
+
+
+@pytest.mark.parametrize("dialect", ["sglang", "vllm"])
+def test_streamed_equals_non_streaming(dialect: str) -> None:
+    gen = Generation(
+        [Step("reasoning", "hm", s("h", "m")), Step("text", "Hi", s("Hi")), Step("tool", '{"a":', s("{"), tool_id="c1", tool_name="f"),
+         Step("tool", "1}", s("1}")), Step("finish", finish_reason="tool_calls", scores=s("<eos>"))],
+        dialect=dialect,
+    )
+    _, stream = run(gen)
+    call = plan()
+    whole = translate_completion(call, orjson.dumps(gen.completion()))
+    assert without_ids(stream.response) == without_ids(whole)
+
+
+@pytest.mark.parametrize(
+    "steps",
+    [
+        [Step("tool", '{"a":1}', s("{", "a"), tool_id="c1", tool_name="f"), Step("finish", finish_reason="tool_calls", scores=s("<eos>"))],
+        [Step("reasoning", "hm", s("h", "m")), Step("finish", finish_reason="stop", scores=s("<eos>"))],
+    ],
+    ids=["tool-only", "reasoning-only"],
+)
+@pytest.mark.parametrize("logprobs", [True, False])
+def test_scores_without_text_get_an_empty_message(steps: list[Step], logprobs: bool) -> None:
+    """DESIGN 3.9: with logprobs asked for, an answer with scores but no text gets an empty
+    message, last, carrying them; without, no message is made up."""
+    chunks, stream = run(Generation(steps), logprobs=logprobs)
+    types = [item["type"] for item in stream.response["output"]]
+    assert types == [steps[0].kind.replace("tool", "function_call")] + (["message"] if logprobs else [])
+    if logprobs:
+        assert stream.text == "" and stream.deltas == []
+        assert stream.logprobs == sent_scores(chunks)
+        assert stream.message.item["status"] == "completed"
+
+
+def all_logprobs(value) -> list:
+    if isinstance(value, dict):
+        return [v for k, v in value.items() if k == "logprobs"] + [x for v in value.values() for x in all_logprobs(v)]
+    if isinstance(value, list):
+        return [x for v in value for x in all_logprobs(v)]
+    return []
+
+
+def test_without_include_every_logprobs_is_empty() -> None:
+    # The upstream sends scores anyway (it was not asked to): none may show.
+    _, stream = run(Generation(SEED), logprobs=False)
+    found = all_logprobs(stream.events)
+    assert len(found) >= 6 and all(lp == [] for lp in found)
+    assert stream.text == "BC"
+
+
+# -- the event contract (4) -----------------------------------------------------------------
+
+
+def position(stream, kind: str, item_type: str) -> int:
+    return next(
+        i for i, e in enumerate(stream.events) if e["type"] == kind and e.get("item", {}).get("type") == item_type
+    )
+
+
+@pytest.mark.parametrize("then", ["text", "tool"])
+def test_reasoning_closes_when_the_next_item_begins(then: str) -> None:
+    steps = [Step("reasoning", "hm"), Step(then, "x", tool_id="c1", tool_name="f"), Step("finish", finish_reason="stop")]
+    _, stream = run(Generation(steps))
+    other = "message" if then == "text" else "function_call"
+    assert position(stream, "response.output_item.done", "reasoning") < position(stream, "response.output_item.added", other)
+    assert [item["status"] for item in stream.response["output"]] == ["completed", "completed"]
+
+
+@pytest.mark.parametrize("dialect", ["sglang", "vllm"])
+@pytest.mark.parametrize(
+    "head",
+    [
+        [Step("tool", '{"a"'), Step("tool", ":", tool_id="c1", tool_name="f")],
+        [Step("tool", '{"a":', tool_name="f"), Step("tool", "", tool_id="c1")],
+        [Step("tool", '{"a"', tool_id="c1"), Step("tool", ":", tool_name="f")],
+    ],
+    ids=["id-and-name-late", "name-then-id", "id-then-name"],
+)
+def test_function_call_opens_once_id_and_name_are_known(dialect: str, head: list[Step]) -> None:
+    steps = [*head, Step("tool", "1}"), Step("finish", finish_reason="tool_calls")]
+    _, stream = run(Generation(steps, dialect=dialect))
+    events = stream.events
+    added = position(stream, "response.output_item.added", "function_call")
+    assert events[added]["item"]["call_id"] == "c1" and events[added]["item"]["name"] == "f"
+    # The fragments held until then come right after, in one delta.
+    held = "".join(step.text for step in head)
+    assert events[added + 1]["type"] == "response.function_call_arguments.delta"
+    assert events[added + 1]["delta"] == held
+    (call,) = stream.of_type("function_call")
+    assert (call["call_id"], call["name"], call["arguments"], call["status"]) == ("c1", "f", '{"a":1}', "completed")
+
+
+@pytest.mark.parametrize("finish", [("length", "max_output_tokens"), ("content_filter", "content_filter")], ids=lambda f: f[0])
+@pytest.mark.parametrize(
+    ("steps", "cut"),
+    [
+        ([Step("reasoning", "hm"), Step("text", "Hi")], "message"),
+        ([Step("reasoning", "hm"), Step("text", "Hi"), Step("tool", '{"a', tool_id="c1", tool_name="f")], "function_call"),
+        ([Step("reasoning", "hm")], "reasoning"),
+    ],
+    ids=["cut-in-text", "cut-in-tool-call", "cut-in-reasoning"],
+)
+def test_cut_short_is_incomplete(steps: list[Step], cut: str, finish: tuple[str, str]) -> None:
+    """DESIGN 4: the item being generated when the cut came is `incomplete`, every other
+    item `completed`."""
+    reason, detail = finish
+    _, stream = run(Generation([*steps, Step("finish", finish_reason=reason)]))
+    assert stream.terminal == "response.incomplete"
+    assert stream.response["incomplete_details"] == {"reason": detail}
+    statuses = {item["type"]: item["status"] for item in stream.response["output"]}
+    assert statuses == {kind: "incomplete" if kind == cut else "completed" for kind in statuses}
+
+
+# -- faults ---------------------------------------------------------------------------------
+
+FAULTY = Generation(
+    [Step("reasoning", "A", s("A")), Step("text", "B", s("B")), Step("tool", '{"a":', s("{"), tool_id="c1", tool_name="f"),
+     Step("tool", "1}", s("1}")), Step("finish", finish_reason="tool_calls", scores=s("<eos>"))]
+)
+CHUNKS = FAULTY.chunks()  # role, 5 steps, usage
+
+
+def assert_failed_after(k: int, pieces: list[bytes], message: str | None = None) -> None:
+    """The translator failed after reading CHUNKS[:k]: what was open then is closed
+    `incomplete`, what was closed stays `completed`, every score read so far is on the message."""
+    _, events = translate(plan(), pieces)
+    stream = check_stream(events)
+    assert stream.terminal == "response.failed"
+    if message is not None:
+        assert stream.events[-2]["message"] == message
+    _, before = translate(plan(), [sse(CHUNKS[:k], done=False)], finish=False)
+    added = [e["item"]["id"] for e in before if e["type"] == "response.output_item.added"]
+    closed = {e["item"]["id"] for e in before if e["type"] == "response.output_item.done"}
+    statuses = [item["status"] for item in stream.response["output"]]
+    assert statuses[: len(added)] == ["completed" if i in closed else "incomplete" for i in added]
+    assert all(status == "incomplete" for status in statuses[len(added) :])
+    assert stream.logprobs == sent_scores(CHUNKS[:k])
+    assert (stream.message is not None) == bool(sent_scores(CHUNKS[:k]))
+
+
+@pytest.mark.parametrize("k", range(1, len(CHUNKS) + 1))
+def test_error_frame_mid_stream(k: int) -> None:
+    # SGLang sends finish and usage chunks (and [DONE]) after its error frame: none may count.
+    body = sse(CHUNKS[:k], done=False) + error_frame("it broke") + sse(CHUNKS[k:])
+    assert_failed_after(k, [body], "it broke")
+
+
+@pytest.mark.parametrize("garbage", [b"data: garbage\n\n", b'data: {"choices": 5}\n\n', b"data: {\n\n"])
+@pytest.mark.parametrize("k", [2, 4])
+def test_unreadable_chunk_fails(garbage: bytes, k: int) -> None:
+    assert_failed_after(k, [sse(CHUNKS[:k], done=False) + garbage + sse(CHUNKS[k:])])
+
+
+@pytest.mark.parametrize("k", range(1, len(CHUNKS) - 1))
+def test_stream_cut_before_finish_fails(k: int) -> None:
+    assert_failed_after(k, [sse(CHUNKS[:k], done=False)])
+
+
+def test_stream_cut_inside_a_frame_fails() -> None:
+    body = sse(CHUNKS[:3], done=False) + frame(CHUNKS[3])[:25]
+    assert_failed_after(3, [body])
+
+
+def test_upstream_abort_fails() -> None:
+    gen = Generation([Step("text", "B", s("B")), Step("finish", finish_reason="abort", scores=s("x"))])
+    chunks, stream = run(gen)
+    assert stream.terminal == "response.failed"
+    assert stream.message.item["status"] == "incomplete"
+    assert stream.logprobs == sent_scores(chunks)
+
+
+@pytest.mark.parametrize("usage", [True, False])
+def test_stream_without_done_but_finished_completes(usage: bool) -> None:
+    chunks = FAULTY.chunks(usage=usage)
+    with_done = check_stream(translate(plan(), [sse(chunks)])[1])
+    without = check_stream(translate(plan(), [sse(chunks, done=False)])[1])
+    assert without.terminal == with_done.terminal == "response.completed"
+    assert without_ids(without.events) == without_ids(with_done.events)
+    assert (without.response["usage"] is not None) == usage
+
+
+@pytest.mark.parametrize("k", [1, 3, 5])
+def test_fail_mid_stream(k: int) -> None:
+    translator, events = translate(plan(), [sse(CHUNKS[:k], done=False)], finish=False)
+    error = UpstreamTimeout("upstream sent nothing for 1 s")
+    tail = translator.fail(error)
+    stream = check_stream([*events, *parse_sse(tail)])
+    assert stream.terminal == "response.failed" and translator.done
+    assert stream.events[-2]["code"] == error.code and stream.events[-2]["message"] == error.message
+    assert stream.logprobs == sent_scores(CHUNKS[:k])
+    # Nothing after the end, whatever comes.
+    assert translator.feed(sse(CHUNKS[k:])) == b"" and translator.finish() == b"" and translator.fail(error) == b""
+
