@@ -7,6 +7,7 @@ import argparse
 import asyncio
 import logging
 import multiprocessing
+import multiprocessing.connection
 import os
 import signal
 import sys
@@ -107,22 +108,31 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _run_workers(args: argparse.Namespace, config: Config) -> int:
-    """N processes on one port (SO_REUSEPORT); signals are passed on to every one."""
+    """N processes on one port (SO_REUSEPORT); signals are passed on to every one. A worker
+    that dies on its own takes the others down, so the orchestrator restarts a whole proxy
+    rather than keep one running on fewer cores than it was given."""
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_worker, args=(args,), name=f"worker-{i}") for i in range(args.workers)]
     for worker in workers:
         worker.start()
 
-    def forward(sig: int, _frame) -> None:
+    stopping = False
+
+    def forward(sig: int, _frame=None) -> None:
+        nonlocal stopping
+        stopping = stopping or sig != signal.SIGHUP
         for worker in workers:
             if worker.is_alive():
                 os.kill(worker.pid, sig)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         signal.signal(sig, forward)
+    multiprocessing.connection.wait([worker.sentinel for worker in workers])
+    if not stopping:
+        forward(signal.SIGTERM)
     for worker in workers:
         worker.join()
-    return max(worker.exitcode or 0 for worker in workers)
+    return 0 if all(worker.exitcode == 0 for worker in workers) else 1
 
 
 def _worker(args: argparse.Namespace) -> None:

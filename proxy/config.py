@@ -158,7 +158,7 @@ def single_upstream(url: str) -> Config:
 def load(path: str | Path) -> Config:
     try:
         data = yaml.safe_load(Path(path).read_text())
-    except (OSError, yaml.YAMLError) as exc:
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
     return parse(data or {})
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 import uuid
@@ -12,7 +13,7 @@ from aiohttp import web
 from .api import endpoints, passthrough, responses
 from .appkeys import REQUEST_ID, ROUTE, RUNTIME
 from .config import Config
-from .errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError, Unauthorized
+from .errors import InvalidRequest, NotFound, ProxyError, Unauthorized
 from .metrics import Metrics
 from .runtime import Runtime
 
@@ -30,11 +31,14 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
     """Request id, access log line and request metrics: once per request, never per chunk."""
     request[REQUEST_ID] = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
     started = time.monotonic()
-    status = 499  # the client went away before an answer
+    status = 500
     try:
         response = await handler(request)
         status = response.status
         return response
+    except asyncio.CancelledError:
+        status = 499  # the client went away before the answer was complete
+        raise
     finally:
         elapsed = time.monotonic() - started
         info = request.match_info.route.resource
@@ -59,8 +63,6 @@ async def render_errors(request: web.Request, handler) -> web.StreamResponse:
         return await handler(request)
     except ProxyError as error:
         return error_response(error)
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(PayloadTooLarge(exc.text))
     except web.HTTPNotFound:
         return error_response(NotFound(f"No such endpoint: {request.method} {request.path}."))
     except web.HTTPMethodNotAllowed:
@@ -82,7 +84,8 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
 
 
 def create_app(config: Config) -> web.Application:
-    app = web.Application(middlewares=[observe, render_errors, authenticate], client_max_size=config.max_body_bytes)
+    # The body limit is the runtime config's (it can change on reload): see api.common.read_body.
+    app = web.Application(middlewares=[observe, render_errors, authenticate], client_max_size=2**63)
 
     async def runtime(app: web.Application) -> AsyncIterator[None]:
         app[RUNTIME] = Runtime(config, Metrics())
@@ -105,7 +108,8 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
     """Start `app` on host:port. The handler of a client that hangs up is cancelled, which
     closes its upstream request, so the GPU stops generating for nobody. On cleanup the
     listening socket closes first and requests in flight get `shutdown_grace` seconds."""
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=shutdown_grace)
+    # aiohttp reads a shutdown_timeout of 0 as "wait for ever"; a grace of 0 means "cut now".
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=max(shutdown_grace, 0.001))
     await runner.setup()
     await web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, reuse_port=reuse_port or None).start()
     return runner

@@ -6,18 +6,28 @@ from aiohttp import web
 
 from ..appkeys import REQUEST_ID, ROUTE, RUNTIME
 from ..config import Route, served_models
-from ..errors import InvalidRequest, NotFound
+from ..errors import InvalidRequest, NotFound, PayloadTooLarge
 from ..upstream.client import UpstreamClient
 
 _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
 
 
 async def read_body(request: web.Request) -> bytes:
+    """The JSON body, within the configured size (counted after decompression)."""
     if request.content_type not in _JSON_TYPES:
         raise InvalidRequest(
             f"Content-Type must be application/json, not {request.content_type}.", code="unsupported_media_type", status=415
         )
-    return await request.read()
+    limit = request.app[RUNTIME].config.max_body_bytes
+    if (request.content_length or 0) > limit:
+        raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+    pieces, size = [], 0
+    async for piece in request.content.iter_any():
+        size += len(piece)
+        if size > limit:
+            raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+        pieces.append(piece)
+    return b"".join(pieces)
 
 
 def route(request: web.Request, model: str) -> tuple[Route, UpstreamClient]:

@@ -1,0 +1,289 @@
+"""The real process, `python -m proxy`: SIGHUP reload, SIGTERM drain, workers on one port."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import yaml
+
+from tests.client import output_text, parse_sse
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
+
+ROOT = Path(__file__).resolve().parent.parent
+PYTHON_M = (sys.executable, "-m", "proxy")
+CONSOLE_SCRIPT = Path(sys.executable).with_name("responses-proxy")  # what the Dockerfile runs
+START_TIMEOUT = 20.0
+GEN = Generation(steps=[Step("text", "Hi"), Step("finish", finish_reason="stop")])
+WORDS = [f"w{i} " for i in range(12)]
+SLOW = Generation(steps=[*(Step("text", w) for w in WORDS), Step("finish", finish_reason="stop")])
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Poll `check` (plain or async) until it is true; fail after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.05)
+
+
+def fresh() -> aiohttp.ClientSession:
+    """A session that opens a new connection for every request."""
+    return aiohttp.ClientSession(connector=aiohttp.TCPConnector(force_close=True), timeout=aiohttp.ClientTimeout(total=10))
+
+
+async def chat_status(url: str, model: str, content: str = "hi") -> int:
+    async with fresh() as http:
+        body = {"model": model, "messages": [{"role": "user", "content": content}]}
+        async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+            await response.read()
+            return response.status
+
+
+async def refuses(url: str) -> bool:
+    """True once a new connection is refused; an answered or otherwise failed attempt is not."""
+    try:
+        async with fresh() as http:
+            async with http.get(f"{url}/health") as response:
+                await response.read()
+    except aiohttp.ClientConnectorError:
+        return True
+    except aiohttp.ClientError:
+        pass
+    return False
+
+
+@dataclass
+class Proxy:
+    proc: asyncio.subprocess.Process
+    url: str
+    config: Path
+    log: Path
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def write(self, config: dict | str) -> None:
+        self.config.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+
+
+@pytest.fixture
+async def spawn(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
+    """Start `python -m proxy --config FILE` on a free port, wait for /health; killed at the end."""
+    started: list[asyncio.subprocess.Process] = []
+
+    async def start(config: dict, *args: str, command: tuple[str, ...] = PYTHON_M) -> Proxy:
+        n = len(started)
+        proxy = Proxy(None, "", tmp_path / f"proxy-{n}.yaml", tmp_path / f"proxy-{n}.log")  # type: ignore[arg-type]
+        proxy.write(config)
+        port = free_port()
+        with proxy.log.open("wb") as log:
+            proxy.proc = await asyncio.create_subprocess_exec(
+                *command, "--config", str(proxy.config), "--host", "127.0.0.1", "--port", str(port), *args,
+                cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
+            )
+        started.append(proxy.proc)
+        proxy.url = f"http://127.0.0.1:{port}"
+
+        async def healthy() -> bool:
+            assert proxy.proc.returncode is None, f"the proxy exited {proxy.proc.returncode}:\n{proxy.stderr()}"
+            return not await refuses(proxy.url)
+
+        await eventually(healthy, START_TIMEOUT)
+        return proxy
+
+    yield start
+    for proc in started:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # its own group: the process and any worker it started
+        except ProcessLookupError:
+            pass
+        if proc.returncode is None:
+            await asyncio.wait_for(proc.wait(), 10)
+
+
+UPSTREAM_KEY = "sk-upstream-5e6f"
+
+
+def routes(upstream: FakeUpstream, *models: str, **top: Any) -> dict:
+    upstreams = [{"name": "u", "urls": [upstream.url], "api_key": UPSTREAM_KEY}]
+    return {"upstreams": upstreams, "routes": [{"model": m, "upstream": "u"} for m in models], **top}
+
+
+async def test_sighup_takes_a_valid_file_and_keeps_the_config_on_a_broken_one(upstream, spawn) -> None:
+    upstream.script(Reply(GEN))
+    proxy = await spawn(routes(upstream, "alpha"), "--log-level", "debug")
+    assert (await chat_status(proxy.url, "alpha"), await chat_status(proxy.url, "beta")) == (200, 404)
+
+    config = routes(upstream, "alpha")
+    config["routes"].append({"model": "beta", "upstream": "u", "rewrite_model": "beta-large"})
+    proxy.write(config)
+    proxy.proc.send_signal(signal.SIGHUP)
+    await eventually(lambda: "config reloaded" in proxy.stderr())
+    assert await chat_status(proxy.url, "beta") == 200
+    assert upstream.requests[-1]["model"] == "beta-large"
+
+    proxy.write("upstreams:\n  - name: u\n    urls: [not-a-url]\n")
+    proxy.proc.send_signal(signal.SIGHUP)
+    await eventually(lambda: "config reload failed" in proxy.stderr())
+    assert "upstreams[0].urls[0]" in proxy.stderr()
+    assert proxy.proc.returncode is None
+    assert (await chat_status(proxy.url, "alpha"), await chat_status(proxy.url, "beta")) == (200, 200)
+    assert upstream.requests[-1]["model"] == "beta-large"
+    assert upstream.headers[-1]["authorization"] == f"Bearer {UPSTREAM_KEY}"
+    assert UPSTREAM_KEY not in proxy.stderr()
+
+
+@pytest.mark.parametrize(
+    ("change", "status"), [({"auth": {"api_keys": ["k"]}}, 401), ({"max_body_bytes": 1024}, 413)], ids=["auth", "max_body_bytes"]
+)
+async def test_sighup_applies_the_request_limits(upstream, spawn, change: dict, status: int) -> None:
+    upstream.script(Reply(GEN))
+    proxy = await spawn(routes(upstream, "m"))
+    assert await chat_status(proxy.url, "m", "x" * 1500) == 200
+    proxy.write({**routes(upstream, "m"), **change})
+    proxy.proc.send_signal(signal.SIGHUP)
+    await eventually(lambda: "config reloaded" in proxy.stderr())
+    answered = await chat_status(proxy.url, "m", "x" * 1500)
+    assert len(upstream.requests) == 1  # refused by the proxy, as the new file says
+    assert answered == status
+
+
+async def test_sigterm_lets_a_stream_finish_refuses_new_connections_and_exits_0(upstream, spawn) -> None:
+    upstream.script(Reply(SLOW, delay=0.1))  # about 1.5 s of stream
+    grace = 10
+    proxy = await spawn(routes(upstream, shutdown_grace=grace))
+    async with fresh() as http:
+        async with http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": True}) as response:
+            assert response.status == 200
+            received = await response.content.readany()
+            await eventually(lambda: upstream.active_streams == 1)
+            proxy.proc.send_signal(signal.SIGTERM)
+            await eventually(lambda: refuses(proxy.url), timeout=5)
+            assert upstream.active_streams == 1  # refused while the stream still ran
+            received += await response.read()
+    events = parse_sse(received)
+    assert events[-1]["type"] == "response.completed"
+    assert output_text(events[-1]["response"])["text"] == "".join(WORDS)
+    assert await asyncio.wait_for(proxy.proc.wait(), grace) == 0
+    assert "draining" in proxy.stderr()
+
+
+@pytest.mark.parametrize("grace", [0.5, 0])
+async def test_sigterm_cuts_a_stream_that_outlives_the_grace(upstream, spawn, grace: float) -> None:
+    upstream.script(Reply(SLOW, stall_after=2))
+    proxy = await spawn(routes(upstream, shutdown_grace=grace))
+    async with fresh() as http:
+        async with http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": True}) as response:
+            await eventually(lambda: upstream.active_streams == 1)
+            proxy.proc.send_signal(signal.SIGTERM)
+            assert await asyncio.wait_for(proxy.proc.wait(), grace + 5) == 0
+            with pytest.raises(aiohttp.ClientPayloadError):
+                await response.read()
+    await asyncio.wait_for(upstream.disconnected.wait(), 5)  # the upstream request was closed, not left running
+
+
+def children(pid: int) -> list[int]:
+    path = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(p) for p in path.read_text().split()] if path.exists() else []
+
+
+def listening_sockets(port: int) -> set[str]:
+    """The inodes of the sockets listening on `port` (IPv4)."""
+    inodes = set()
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        fields = line.split()
+        if fields[3] == "0A" and int(fields[1].rsplit(":", 1)[1], 16) == port:
+            inodes.add(fields[9])
+    return inodes
+
+
+def sockets_of(pid: int) -> set[str]:
+    found = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            link = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            found.add(link[len("socket:[") : -1])
+    return found
+
+
+def worker_pids(proxy: Proxy) -> list[int]:
+    """The proxy's worker processes (not multiprocessing's resource tracker)."""
+    pids = []
+    for pid in children(proxy.proc.pid):
+        try:
+            if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                pids.append(pid)
+        except OSError:
+            pass
+    return pids
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+@pytest.mark.parametrize("command", [PYTHON_M, (str(CONSOLE_SCRIPT),)], ids=["python-m-proxy", "responses-proxy"])
+async def test_two_workers_share_the_port_and_exit_0_on_sigterm(upstream, spawn, command: tuple[str, ...]) -> None:
+    if not Path(command[0]).exists():
+        pytest.skip(f"{command[0]} is not installed")
+    upstream.script(Reply(GEN))
+    proxy = await spawn(routes(upstream, "m"), "--workers", "2", command=command)
+    port = int(proxy.url.rsplit(":", 1)[1])
+
+    def workers() -> list[int]:
+        return worker_pids(proxy)
+
+    def each_worker_listens() -> bool:
+        listening = listening_sockets(port)
+        return len(workers()) == 2 and len(listening) == 2 and all(sockets_of(pid) & listening for pid in workers())
+
+    await eventually(each_worker_listens, START_TIMEOUT)
+    pids = workers()
+    for _ in range(4):
+        assert await chat_status(proxy.url, "m") == 200
+    proxy.proc.send_signal(signal.SIGTERM)
+    assert await asyncio.wait_for(proxy.proc.wait(), 15) == 0
+    assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
+    assert proxy.stderr().count("draining") == 2
+
+
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
+async def test_a_worker_killed_by_a_signal_stops_the_proxy_with_a_failure(upstream, spawn) -> None:
+    proxy = await spawn(routes(upstream, "m"), "--workers", "2")
+    await eventually(lambda: len(worker_pids(proxy)) == 2, START_TIMEOUT)
+    survivor = worker_pids(proxy)[1]
+    os.kill(worker_pids(proxy)[0], signal.SIGKILL)
+    # The proxy stops whole, so that the orchestrator restarts it, and says it failed.
+    assert await asyncio.wait_for(proxy.proc.wait(), 15) != 0
+    assert not Path(f"/proc/{survivor}").exists()
+
+
+def test_a_broken_config_stops_the_start(tmp_path: Path) -> None:
+    path = tmp_path / "proxy.yaml"
+    path.write_text("upstreams:\n  - name: u\n    urls: [http://a]\nroutes:\n  - model: m\n    upstream: nope\n")
+    result = subprocess.run([sys.executable, "-m", "proxy", "--config", str(path)], capture_output=True, text=True, timeout=30, cwd=ROOT)
+    assert result.returncode != 0
+    assert "routes[0].upstream" in result.stderr
