@@ -11,6 +11,7 @@ import asyncio
 import time
 import uuid
 from collections import deque
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -247,6 +248,14 @@ class Reply:
     extra_frames: list[bytes] = field(default_factory=list)  # raw, just before [DONE]
     done: bool = True
     line_ending: str = "\n"
+    reset: bool = False  # abort the TCP connection before any response headers
+    # Raw SSE bytes sent instead of the generation's stream (pulled lazily, so a generator
+    # shows how far the client read); `delay` applies, nothing else is added.
+    frames: Iterable[bytes] | None = None
+    # Non-streaming: send headers (full Content-Length) and this many bytes of the body,
+    # then hang until the client leaves (`body_stall_after`) or abort (`body_drop_after`).
+    body_stall_after: int | None = None
+    body_drop_after: int | None = None
 
 
 def _error_type(status: int) -> str:
@@ -272,6 +281,8 @@ class FakeUpstream:
         self.disconnects = 0
         self.disconnected = asyncio.Event()
         self.active_streams = 0
+        # When set, picks the reply for each request body (instead of the scripted queue).
+        self.choose: Callable[[dict[str, Any]], Reply] | None = None
         self._queue: deque[Reply] = deque()
         self._last = sglang_error(500, "fake upstream: no reply scripted")
         self._closing = asyncio.Event()
@@ -322,9 +333,16 @@ class FakeUpstream:
         if nulls:
             reply = sglang_error(400, f"{nulls[0]}: Input should not be None", nulls[0])
         else:
-            reply = self._next_reply()
+            reply = self.choose(body) if self.choose is not None else self._next_reply()
         try:
             await asyncio.sleep(reply.headers_delay)
+            if reply.reset:
+                request.transport.abort()
+                return web.Response()  # never sent: the connection is gone
+            if reply.frames is not None:
+                return await self._stream(request, reply, body, False)
+            if reply.body_stall_after is not None or reply.body_drop_after is not None:
+                return await self._partial(request, reply, body)
             if reply.generation is None or reply.body is not None:
                 raw = reply.body
                 if isinstance(raw, dict):
@@ -352,29 +370,12 @@ class FakeUpstream:
     async def _stream(
         self, request: web.Request, reply: Reply, body: dict[str, Any], logprobs: bool
     ) -> web.StreamResponse:
-        assert reply.generation is not None
-        nl = reply.line_ending.encode()
-        usage = (body.get("stream_options") or {}).get("include_usage") is True
-        events = [b"data: " + orjson.dumps(c) + nl + nl
-                  for c in reply.generation.chunks(logprobs=logprobs, usage=usage)]
-        if reply.error_frame_after is not None:
-            error = {"object": "error", "message": STREAM_ERROR_MESSAGE,
-                     "type": "BadRequestError", "param": None, "code": 400}
-            frame = b"data: " + orjson.dumps({"error": error}) + nl + nl
-            events.insert(reply.error_frame_after, frame)
-        events += reply.extra_frames
-        if reply.done:
-            events.append(b"data: [DONE]" + nl + nl)
-        cut = min((n for n in (reply.stall_after, reply.drop_after) if n is not None),
-                  default=len(events))
-        data = b"".join(events[:cut])
-        if reply.coalesce:
-            writes = [data]
-        elif reply.write_size:
-            writes = [data[i:i + reply.write_size] for i in range(0, len(data), reply.write_size)]
+        if reply.frames is not None:
+            events: list[bytes] = []
+            writes: Iterable[bytes] = reply.frames
+            cut = 0
         else:
-            writes = events[:cut]
-
+            events, writes, cut = self._render(reply, body, logprobs)
         resp = web.StreamResponse(status=reply.status)
         resp.content_type = "text/event-stream"
         resp.headers["Cache-Control"] = "no-cache"
@@ -397,3 +398,43 @@ class FakeUpstream:
         finally:
             self.active_streams -= 1
         return resp
+
+    async def _partial(self, request: web.Request, reply: Reply, body: dict[str, Any]) -> web.StreamResponse:
+        assert reply.generation is not None
+        raw = orjson.dumps(reply.generation.completion(logprobs=body.get("logprobs") is True))
+        resp = web.StreamResponse(status=reply.status)
+        resp.content_type = "application/json"
+        resp.content_length = len(raw)
+        await resp.prepare(request)
+        await resp.write(raw[: reply.body_stall_after if reply.body_drop_after is None else reply.body_drop_after])
+        if reply.body_drop_after is None:
+            await self._closing.wait()
+        if request.transport is not None:
+            request.transport.abort()
+        return resp
+
+    def _render(self, reply: Reply, body: dict[str, Any], logprobs: bool) -> tuple[list[bytes], list[bytes], int]:
+        """The generation's SSE events, the writes to send and where the stream is cut."""
+        assert reply.generation is not None
+        nl = reply.line_ending.encode()
+        usage = (body.get("stream_options") or {}).get("include_usage") is True
+        events = [b"data: " + orjson.dumps(c) + nl + nl
+                  for c in reply.generation.chunks(logprobs=logprobs, usage=usage)]
+        if reply.error_frame_after is not None:
+            error = {"object": "error", "message": STREAM_ERROR_MESSAGE,
+                     "type": "BadRequestError", "param": None, "code": 400}
+            frame = b"data: " + orjson.dumps({"error": error}) + nl + nl
+            events.insert(reply.error_frame_after, frame)
+        events += reply.extra_frames
+        if reply.done:
+            events.append(b"data: [DONE]" + nl + nl)
+        cut = min((n for n in (reply.stall_after, reply.drop_after) if n is not None),
+                  default=len(events))
+        data = b"".join(events[:cut])
+        if reply.coalesce:
+            writes = [data]
+        elif reply.write_size:
+            writes = [data[i:i + reply.write_size] for i in range(0, len(data), reply.write_size)]
+        else:
+            writes = events[:cut]
+        return events, writes, cut
