@@ -143,13 +143,22 @@ async def test_upstream_faults(
     assert run.logprobs == sent_scores(CHUNKS[:read])
 
 
-async def test_stalled_upstream_times_out(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
-    config = parse({"upstreams": [{"name": "default", "urls": [upstream.url], "timeouts": {"idle": 0.3}}]})
+@pytest.mark.parametrize(
+    ("timeouts", "reply"),
+    [({"idle": 0.3}, {"stall_after": 3}), ({"total": 0.5}, {"delay": 0.2})],
+    ids=["idle-stalled", "total-slow"],
+)
+async def test_stalled_upstream_times_out(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, timeouts: dict, reply: dict) -> None:
+    """An upstream that goes silent (idle), or trickles on past the whole exchange's limit."""
+    config = parse({"upstreams": [{"name": "default", "urls": [upstream.url], "timeouts": timeouts}]})
     proxy = await start_proxy(config)
-    upstream.script(Reply(tool_turn(), stall_after=3))
+    upstream.script(Reply(tool_turn(), **reply))
     run = check_stream(await within(stream(http, proxy, BODY), 3.0))
     assert run.terminal == "response.failed"
     assert run.events[-2]["code"] == UpstreamTimeout.code
-    assert run.logprobs == sent_scores(CHUNKS[:3])
+    # Every score that arrived in time reaches the client; the cut comes before the end.
+    sent = sent_scores(CHUNKS[: reply.get("stall_after", len(CHUNKS))])
+    assert run.logprobs == sent[: len(run.logprobs)]
+    assert run.logprobs == sent or len(run.logprobs) < len(sent_scores(CHUNKS))
     # The stalled upstream request is given up, not left hanging.
     await asyncio.wait_for(upstream.disconnected.wait(), 2.0)

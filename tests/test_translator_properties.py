@@ -84,7 +84,7 @@ def test_every_score_once_in_order(gen: Generation, logprobs: bool, usage: bool,
 
     # The same script, not streamed.
     try:
-        whole = translate_completion(call, orjson.dumps(gen.completion()))
+        whole = orjson.loads(orjson.dumps(translate_completion(call, orjson.dumps(gen.completion()))))
     except ProxyError:
         assert stream.terminal == "response.failed"
         return

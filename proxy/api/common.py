@@ -22,11 +22,14 @@ async def read_body(request: web.Request) -> bytes:
     if (request.content_length or 0) > limit:
         raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     pieces, size = [], 0
-    async for piece in request.content.iter_any():
-        size += len(piece)
-        if size > limit:
-            raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
-        pieces.append(piece)
+    try:
+        async for piece in request.content.iter_any():
+            size += len(piece)
+            if size > limit:
+                raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+            pieces.append(piece)
+    except web.RequestPayloadError as exc:  # a broken chunked or compressed body
+        raise InvalidRequest(f"The request body could not be read: {exc.message}") from None
     return b"".join(pieces)
 
 

@@ -25,7 +25,8 @@ class LogprobEntry(msgspec.Struct):
 
 
 class ChoiceLogprobs(msgspec.Struct):
-    content: list[LogprobEntry] | None = None
+    # Kept as the upstream's own bytes: most entries reach the client as they came.
+    content: list[msgspec.Raw] | None = None
 
 
 class FunctionDelta(msgspec.Struct):

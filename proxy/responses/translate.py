@@ -385,7 +385,8 @@ class ResponseTranslator:
 
 
 def translate_completion(call: Call, body: bytes) -> dict[str, Any]:
-    """A non-streaming chat completion as a Response; an upstream failure raises."""
+    """A non-streaming chat completion as a Response, for orjson to encode (its scores are
+    pre-encoded `orjson.Fragment`s); an upstream failure raises."""
     translator = ResponseTranslator(call, streaming=False)
     try:
         translator.apply(decode_chunk(body))

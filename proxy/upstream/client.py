@@ -46,21 +46,36 @@ class Replica:
 
 
 class Exchange:
-    """One upstream request in flight, past its response headers."""
+    """One upstream request in flight, past its response headers.
 
-    __slots__ = ("response", "_client", "_deadline")
+    The idle and total timeouts of a stream are watched by one timer that re-arms itself,
+    not by a timeout context per read: a stream makes thousands of reads a second.
+    """
+
+    __slots__ = ("response", "_client", "_deadline", "_waiting_since", "_timer")
 
     def __init__(self, client: UpstreamClient, response: aiohttp.ClientResponse, deadline: float | None) -> None:
         self.response = response
         self._client = client
         self._deadline = deadline
+        self._waiting_since: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
 
     async def read_body(self) -> bytes:
         return await self._client._guard(self.response.read(), self._client.config.timeouts.first_byte, self._deadline)
 
     async def read_chunk(self) -> bytes:
         """The next bytes of a streaming body (b"" at its end), within the idle timeout."""
-        return await self._client._guard(self.response.content.readany(), self._client.config.timeouts.idle, self._deadline)
+        loop = asyncio.get_running_loop()
+        self._waiting_since = loop.time()
+        if self._timer is None:
+            self._arm(loop, self._waiting_since)
+        try:
+            return await self.response.content.readany()
+        except aiohttp.ClientError as exc:
+            raise self._client._failure("connection", UpstreamUnreachable, f"connection failed: {exc}") from exc
+        finally:
+            self._waiting_since = None
 
     async def drain(self) -> None:
         """Read what follows the end of a stream (SGLang sends finish and usage chunks even
@@ -70,6 +85,28 @@ class Exchange:
                 await self.response.read()
         except (aiohttp.ClientError, TimeoutError):
             pass  # release() then closes the connection instead of pooling it
+
+    def close(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+
+    def _arm(self, loop: asyncio.AbstractEventLoop, since: float) -> None:
+        due = since + self._client.config.timeouts.idle
+        if self._deadline is not None:
+            due = min(due, self._deadline)
+        self._timer = loop.call_at(due, self._check, loop)
+
+    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Fail the pending read if it has waited too long; otherwise look again later. Time
+        spent writing to a slow client is not upstream idleness, so only a pending read counts."""
+        now = loop.time()
+        waiting = self._waiting_since
+        idle = self._client.config.timeouts.idle
+        if waiting is not None and (now - waiting >= idle or (self._deadline is not None and now >= self._deadline)):
+            self.response.content.set_exception(self._client._failure("timeout", UpstreamTimeout, f"sent nothing for {idle:g} s"))
+            self._timer = None
+        else:
+            self._arm(loop, now if waiting is None else waiting)
 
 
 class UpstreamClient:
@@ -118,7 +155,7 @@ class UpstreamClient:
         """
         data = body if isinstance(body, bytes) else orjson.dumps(body)
         total = self.config.timeouts.total
-        deadline = time.monotonic() + total if total else None
+        deadline = asyncio.get_running_loop().time() + total if total else None
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -127,7 +164,11 @@ class UpstreamClient:
                 if response.status >= 400:
                     self._on_error(self.config.name, f"status_{response.status}")
                     raise await _error_from(response)
-                yield Exchange(self, response, deadline)
+                exchange = Exchange(self, response, deadline)
+                try:
+                    yield exchange
+                finally:
+                    exchange.close()
             finally:
                 response.release()
                 replica.outstanding -= 1
@@ -176,16 +217,18 @@ class UpstreamClient:
 
     async def _guard(self, operation: Awaitable, timeout: float, deadline: float | None) -> Any:
         if deadline is not None:
-            timeout = min(timeout, deadline - time.monotonic())
+            timeout = min(timeout, deadline - asyncio.get_running_loop().time())
         try:
             async with asyncio.timeout(timeout):
                 return await operation
         except aiohttp.ClientError as exc:
-            self._on_error(self.config.name, "connection")
-            raise UpstreamUnreachable(f"upstream {self.config.name} connection failed: {exc}") from exc
+            raise self._failure("connection", UpstreamUnreachable, f"connection failed: {exc}") from exc
         except TimeoutError:
-            self._on_error(self.config.name, "timeout")
-            raise UpstreamTimeout(f"upstream {self.config.name} sent nothing for {timeout:.3g} s") from None
+            raise self._failure("timeout", UpstreamTimeout, f"sent nothing for {timeout:.3g} s") from None
+
+    def _failure(self, kind: str, error: type[ProxyError], detail: str) -> ProxyError:
+        self._on_error(self.config.name, kind)
+        return error(f"upstream {self.config.name} {detail}")
 
     async def _probe_forever(self) -> None:
         check = self.config.health_check

@@ -1,0 +1,58 @@
+"""The one logprob mapping: compact, complete entries pass through; anything else is mapped."""
+
+from __future__ import annotations
+
+import json
+
+import msgspec
+import orjson
+import pytest
+
+from proxy.errors import UpstreamProtocolError
+from proxy.responses.logprobs import NULL_LOGPROB, effective_top_logprobs, response_logprob
+
+
+def mapped(entry: dict, *, compact: bool = True) -> dict:
+    raw = orjson.dumps(entry) if compact else json.dumps(entry).encode()  # json: `"key": value`
+    return orjson.loads(orjson.dumps([response_logprob(msgspec.Raw(raw))]))[0]
+
+
+def expected(entry: dict) -> dict:
+    """DESIGN 3.5, written out independently of the proxy."""
+
+    def one(e: dict) -> dict:
+        logprob = e.get("logprob")
+        return {
+            "token": e["token"],
+            "logprob": NULL_LOGPROB if logprob is None else logprob,
+            "bytes": e["bytes"] if e.get("bytes") is not None else list(e["token"].encode()),
+        }
+
+    return {**one(entry), "top_logprobs": [one(t) for t in entry.get("top_logprobs") or []]}
+
+
+ENTRIES = {
+    "complete": {"token": "Hi", "logprob": -0.5, "bytes": [72, 105], "top_logprobs": [{"token": "Hi", "logprob": -0.5, "bytes": [72, 105]}]},
+    "null logprob": {"token": "x", "logprob": None, "bytes": [120], "top_logprobs": [{"token": "x", "logprob": None, "bytes": [120]}]},
+    "no bytes": {"token": "é", "logprob": -1.0, "top_logprobs": [{"token": "e", "logprob": -2.0}]},
+    "no bytes on a top entry": {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": [{"token": "b", "logprob": -2.0}]},
+    "token text that names a key": {"token": "bytes", "logprob": -1.0, "top_logprobs": []},
+    "no top_logprobs": {"token": "a", "logprob": -1.0, "bytes": [97]},
+    "top_logprobs null": {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": None},
+}
+
+
+@pytest.mark.parametrize("compact", [True, False], ids=["compact", "spaced"])
+@pytest.mark.parametrize("entry", ENTRIES.values(), ids=ENTRIES.keys())
+def test_every_entry_maps_to_the_four_keys(entry: dict, compact: bool) -> None:
+    assert mapped(entry, compact=compact) == expected(entry)
+
+
+def test_an_entry_that_is_not_an_object_is_a_protocol_error() -> None:
+    with pytest.raises(UpstreamProtocolError):
+        response_logprob(msgspec.Raw(b"[1, 2]"))
+
+
+@pytest.mark.parametrize(("requested", "cap", "sent"), [(None, 20, 0), (5, 20, 5), (21, 20, 20), (10**9, 20, 20), (7, 3, 3)])
+def test_effective_top_logprobs(requested: int | None, cap: int, sent: int) -> None:
+    assert effective_top_logprobs(requested, cap) == sent
