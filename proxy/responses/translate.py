@@ -38,12 +38,13 @@ def _new_id(prefix: str) -> str:
 class _Item:
     """An output item while it is open: its dict (shared with `output`) and its text so far."""
 
-    __slots__ = ("index", "item", "parts")
+    __slots__ = ("index", "item", "parts", "at")
 
     def __init__(self, index: int, item: dict) -> None:
         self.index = index
         self.item = item
         self.parts: list[str] = []
+        self.at = {"item_id": item["id"], "output_index": index}  # what every event on it names
 
 
 class _ToolCall:
@@ -181,7 +182,7 @@ class ResponseTranslator:
             self._emit_part("response.content_part.added", item, {"type": "reasoning_text", "text": ""})
         item.parts.append(text)
         self._generating = item
-        self._emit("response.reasoning_text.delta", **self._at(item), content_index=0, delta=text)
+        self._emit("response.reasoning_text.delta", **item.at, content_index=0, delta=text)
 
     def _text(self, text: str) -> None:
         self._close_current()
@@ -190,7 +191,7 @@ class ResponseTranslator:
         self._generating = message
         logprobs = self._scores[self._delivered :]
         self._delivered = len(self._scores)
-        self._emit("response.output_text.delta", **self._at(message), content_index=0, delta=text, logprobs=logprobs)
+        self._emit("response.output_text.delta", **message.at, content_index=0, delta=text, logprobs=logprobs)
 
     def _tool_call(self, position: int, delta: ToolCallDelta) -> None:
         index = position if delta.index is None else delta.index
@@ -206,7 +207,7 @@ class ResponseTranslator:
             if function.arguments:
                 call.arguments.append(function.arguments)
                 if call.item is not None:
-                    self._emit("response.function_call_arguments.delta", **self._at(call.item), delta=function.arguments)
+                    self._emit("response.function_call_arguments.delta", **call.item.at, delta=function.arguments)
         if call.item is None and call.call_id and call.name:
             self._open_call(call)
         if call.item is not None:
@@ -242,7 +243,7 @@ class ResponseTranslator:
         item.parts = call.arguments
         # Fragments that came before the id and name were known.
         if call.arguments:
-            self._emit("response.function_call_arguments.delta", **self._at(item), delta="".join(call.arguments))
+            self._emit("response.function_call_arguments.delta", **item.at, delta="".join(call.arguments))
 
     def _close_current(self, status: str = "completed") -> None:
         item = self._current
@@ -252,11 +253,11 @@ class ResponseTranslator:
         text = "".join(item.parts)
         if item.item["type"] == "reasoning":
             part = {"type": "reasoning_text", "text": text}
-            self._emit("response.reasoning_text.done", **self._at(item), content_index=0, text=text)
+            self._emit("response.reasoning_text.done", **item.at, content_index=0, text=text)
             self._emit_part("response.content_part.done", item, part)
             item.item["content"] = [part]
         else:
-            self._emit("response.function_call_arguments.done", **self._at(item), arguments=text)
+            self._emit("response.function_call_arguments.done", **item.at, arguments=text)
             item.item["arguments"] = text
         self._close(item, status)
 
@@ -268,7 +269,7 @@ class ResponseTranslator:
             # DESIGN 3.9: scores with no text part still reach the client, on an empty message.
             message = self._open_message()
         text = "".join(message.parts)
-        self._emit("response.output_text.done", **self._at(message), content_index=0, text=text, logprobs=self._scores)
+        self._emit("response.output_text.done", **message.at, content_index=0, text=text, logprobs=self._scores)
         part = self._text_part(text, self._scores)
         self._emit_part("response.content_part.done", message, part)
         message.item["content"] = [part]
@@ -361,12 +362,8 @@ class ResponseTranslator:
     def _text_part(text: str, logprobs: list[dict]) -> dict:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
-    @staticmethod
-    def _at(item: _Item) -> dict:
-        return {"item_id": item.item["id"], "output_index": item.index}
-
     def _emit_part(self, event: str, item: _Item, part: dict) -> None:
-        self._emit(event, **self._at(item), content_index=0, part=part)
+        self._emit(event, **item.at, content_index=0, part=part)
 
     def _emit(self, event: str, **fields: Any) -> None:
         if not self._streaming:
