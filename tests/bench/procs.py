@@ -1,0 +1,168 @@
+"""Subprocesses under test: start (pinned with taskset where the machine allows), wait until
+healthy, read their own CPU and RSS counters from /proc, stop."""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def raise_nofile() -> int:
+    """Raise the open-file limit to the hard limit; children inherit it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+    return resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class Pinning:
+    """Core 0: the load (upstream and client); core 1: the proxy or baseline under test."""
+
+    def __init__(self) -> None:
+        cpus = sorted(os.sched_getaffinity(0))
+        self.taskset = shutil.which("taskset")
+        self.enabled = len(cpus) >= 2 and self.taskset is not None
+        self.load_cpu = cpus[0]
+        self.test_cpu = cpus[1] if len(cpus) >= 2 else cpus[0]
+        if self.enabled:
+            os.sched_setaffinity(0, {self.load_cpu})
+
+    def prefix(self, cpu: int) -> list[str]:
+        return [self.taskset, "-c", str(cpu)] if self.enabled else []
+
+    def describe(self) -> str:
+        if not self.enabled:
+            return f"not pinned ({len(os.sched_getaffinity(0))} CPU(s) available, taskset {'found' if self.taskset else 'missing'})"
+        return f"taskset: proxy/baseline under test on CPU {self.test_cpu}; upstream and load client on CPU {self.load_cpu}"
+
+
+class Proc:
+    def __init__(self, name: str, argv: list[str], port: int, cpu_prefix: list[str], log_dir: Path) -> None:
+        self.name = name
+        self.port = port
+        self.url = f"http://127.0.0.1:{port}"
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+        root = Path(__file__).resolve().parents[2]
+        env["PYTHONPATH"] = f"{root}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(root)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        self.log = log_dir / f"{name}.log"
+        with open(self.log, "wb") as log:
+            self.popen = subprocess.Popen(cpu_prefix + argv, cwd=root, env=env, stdout=log, stderr=subprocess.STDOUT)
+        # taskset execs the command: the pid is the Python process's own.
+        self.pid = self.popen.pid
+
+    def wait_healthy(self, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.popen.poll() is not None:
+                raise RuntimeError(f"{self.name} exited with {self.popen.returncode}: {self.log.read_text()[-2000:]}")
+            try:
+                with urllib.request.urlopen(self.url + "/health", timeout=1) as response:
+                    if response.status == 200:
+                        return
+            except OSError:
+                time.sleep(0.1)
+        raise RuntimeError(f"{self.name} not healthy after {timeout:g} s")
+
+    def cpu_seconds(self) -> float:
+        """CPU time of the process, all its threads: from schedstat in nanoseconds where the
+        kernel has it, else utime + stime in clock ticks (10 ms)."""
+        try:
+            total = 0
+            for task in os.listdir(f"/proc/{self.pid}/task"):
+                with open(f"/proc/{self.pid}/task/{task}/schedstat") as f:
+                    total += int(f.read().split()[0])
+            if total:
+                return total / 1e9
+        except (OSError, ValueError):
+            pass
+        with open(f"/proc/{self.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / CLOCK_TICKS
+
+    def rss_kb(self) -> int:
+        with open(f"/proc/{self.pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1])
+        return 0
+
+    def stop(self) -> None:
+        if self.popen.poll() is None:
+            self.popen.send_signal(signal.SIGTERM)
+            try:
+                self.popen.wait(5)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+
+
+def core_busy_seconds(cpu: int) -> float:
+    """CPU time the core spent on anything but idling, from /proc/stat."""
+    with open("/proc/stat") as f:
+        for line in f:
+            if line.startswith(f"cpu{cpu} "):
+                ticks = [int(x) for x in line.split()[1:]]
+                return (sum(ticks[:8]) - ticks[3] - ticks[4]) / CLOCK_TICKS
+    return 0.0
+
+
+def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> dict[str, Proc]:
+    """upstream, baseline and proxy, each its own process; the caller stops them. With
+    `profile`, the proxy runs under cProfile and writes its stats there when stopped."""
+    python = sys.executable
+    procs: dict[str, Proc] = {}
+    try:
+        up_port = free_port()
+        procs["upstream"] = Proc("upstream", [python, "-m", "tests.bench.upstream", "--port", str(up_port)], up_port, pinning.prefix(pinning.load_cpu), log_dir)
+        procs["upstream"].wait_healthy()
+        up = procs["upstream"].url
+        port = free_port()
+        procs["baseline"] = Proc("baseline", [python, "-m", "tests.bench.passthrough", "--upstream", up, "--port", str(port)], port, pinning.prefix(pinning.test_cpu), log_dir)
+        port = free_port()
+        argv = [python, *(["-m", "cProfile", "-o", str(profile)] if profile else []), "-m", "proxy", "--upstream", up, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        procs["proxy"] = Proc("proxy", argv, port, pinning.prefix(pinning.test_cpu), log_dir)
+        procs["baseline"].wait_healthy()
+        procs["proxy"].wait_healthy()
+    except BaseException:
+        stop_all(procs)
+        raise
+    return procs
+
+
+def stop_all(procs: dict[str, Proc]) -> None:
+    for proc in procs.values():
+        proc.stop()
+
+
+def machine() -> dict:
+    model = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return {
+        "cpu": model,
+        "cpus": os.cpu_count(),
+        "kernel": platform.release(),
+        "python": platform.python_version(),
+        "load_avg_at_start": os.getloadavg()[0],
+    }

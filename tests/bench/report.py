@@ -1,0 +1,46 @@
+"""The result table: rows of (metric, proxy, baseline, direct, comparison, target, result, note),
+printed as plain text or markdown."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+COLUMNS = ("metric", "proxy", "baseline", "direct", "proxy vs baseline", "target", "result", "note")
+
+
+@dataclass
+class Row:
+    metric: str
+    proxy: str
+    baseline: str = "-"
+    direct: str = "-"
+    compare: str = "-"
+    target: str = "-"
+    ok: bool | None = None  # None: no target
+    note: str = ""
+
+    def cells(self) -> list[str]:
+        result = "-" if self.ok is None else ("PASS" if self.ok else "FAIL")
+        return [self.metric, self.proxy, self.baseline, self.direct, self.compare, self.target, result, self.note]
+
+
+def ms(seconds: float, sign: bool = False) -> str:
+    return f"{seconds * 1000:{'+' if sign else ''}.3f} ms"
+
+
+def text_table(rows: list[Row]) -> str:
+    table = [list(COLUMNS)] + [row.cells() for row in rows]
+    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+    lines.insert(1, "  ".join("-" * width for width in widths))
+    return "\n".join(lines)
+
+
+def markdown_table(rows: list[Row]) -> str:
+    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row.cells()) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def as_json(rows: list[Row]) -> list[dict]:
+    return [asdict(row) for row in rows]
