@@ -28,8 +28,8 @@ async def read_body(request: web.Request) -> bytes:
             if size > limit:
                 raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
             pieces.append(piece)
-    except web.RequestPayloadError as exc:  # a broken chunked or compressed body
-        raise InvalidRequest(f"The request body could not be read: {exc.message}") from None
+    except web.RequestPayloadError:  # a broken chunked or compressed body
+        raise InvalidRequest("The request body could not be read: its transfer or content encoding is broken.") from None
     return b"".join(pieces)
 
 

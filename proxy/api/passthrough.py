@@ -28,9 +28,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
         try:
             while data := await exchange.read_chunk():
                 await response.write(data)
+            await response.write_eof()
         except ProxyError:
             # Headers are gone: the only honest signal left is a connection cut short.
             request.transport.close()
-            return response
-        await response.write_eof()
+        except ConnectionResetError:
+            pass  # the client left; leaving the block closes the upstream request
     return response

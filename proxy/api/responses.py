@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import orjson
 from aiohttp import web
@@ -29,34 +30,47 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         else:
             output = translate_completion(call, await exchange.read_body())
             response = web.Response(body=orjson.dumps(output), content_type="application/json")
-    usage = output.get("usage")
+    usage = output and output["usage"]
     if usage:
         request.app[RUNTIME].metrics.output_tokens.labels(found.pattern).inc(usage["output_tokens"])
     return response
 
 
-async def _stream(request: web.Request, call: Call, exchange: Exchange, started: float) -> tuple[web.StreamResponse, dict]:
+async def _stream(request: web.Request, call: Call, exchange: Exchange, started: float) -> tuple[web.StreamResponse, dict | None]:
     metrics = request.app[RUNTIME].metrics
     translator = ResponseTranslator(call)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
+
+    def first_token() -> None:
+        metrics.first_token.labels(request[ROUTE]).observe(time.monotonic() - started)
+
     metrics.streams.inc()
     try:
-        await response.write(translator.start())
-        first_token = True
-        while not translator.done:
-            try:
-                data = await exchange.read_chunk()
-            except ProxyError as error:
-                await response.write(translator.fail(error))
-                await response.write_eof()
-                return response, translator.response
-            await response.write(translator.feed(data) if data else translator.finish())
-            if first_token and translator.generating:
-                first_token = False
-                metrics.first_token.labels(request[ROUTE]).observe(time.monotonic() - started)
+        whole = await _relay(response, translator, exchange, first_token)
         await response.write_eof()
+    except ConnectionResetError:
+        whole = False  # the client left before aiohttp cancelled us; leaving closes the upstream
     finally:
         metrics.streams.dec()
-    await exchange.drain()
+    if whole:
+        await exchange.drain()
     return response, translator.response
+
+
+async def _relay(response: web.StreamResponse, translator: ResponseTranslator, exchange: Exchange, first_token: Callable[[], None]) -> bool:
+    """One client write per upstream read, until the terminal event. False when the upstream
+    broke off, so there is nothing left to drain."""
+    await response.write(translator.start())
+    waiting = True
+    while not translator.done:
+        try:
+            data = await exchange.read_chunk()
+        except ProxyError as error:
+            await response.write(translator.fail(error))
+            return False
+        await response.write(translator.feed(data) if data else translator.finish())
+        if waiting and translator.generating:
+            waiting = False
+            first_token()
+    return True

@@ -190,6 +190,11 @@ def parse_request(body: bytes) -> CreateResponse:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    tools = data.get("tools")
+    # msgspec lets a lone tagged struct leave out its tag; a tool must name its type.
+    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
+        if isinstance(tool, dict) and "type" not in tool:
+            raise InvalidRequest(f"Missing 'tools[{index}].type'.", param=f"tools[{index}].type")
     items = data.get("input")
     if isinstance(items, list):
         # EasyInputMessage: a `{role, content}` item may leave out its type.

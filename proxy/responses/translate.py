@@ -134,7 +134,8 @@ class ResponseTranslator:
         """One decoded chunk (or a whole non-streaming completion)."""
         if chunk.error is not None:
             code = chunk.error.code
-            self._fail(UpstreamError(code if isinstance(code, int) else 500, chunk.error.message))
+            message = chunk.error.message.strip() or "the upstream reported an error"
+            self._fail(UpstreamError(code if isinstance(code, int) else 500, message))
             return
         if chunk.usage is not None:
             self._usage = chunk.usage
