@@ -36,21 +36,18 @@ class InvalidRequest(ProxyError):
     code = "invalid_request_error"
 
 
-class Unauthorized(ProxyError):
+class Unauthorized(InvalidRequest):
     status = 401
-    type = "invalid_request_error"
     code = "invalid_api_key"
 
 
-class NotFound(ProxyError):
+class NotFound(InvalidRequest):
     status = 404
-    type = "invalid_request_error"
     code = "not_found"
 
 
-class PayloadTooLarge(ProxyError):
+class PayloadTooLarge(InvalidRequest):
     status = 413
-    type = "invalid_request_error"
     code = "request_too_large"
 
 
@@ -59,8 +56,6 @@ class UpstreamError(ProxyError):
     anything else is the gateway's 502."""
 
     status = 502
-    type = "server_error"
-    code = "server_error"
 
     def __init__(self, status: int, message: str, *, param: str | None = None):
         client_fault = 400 <= status < 500
@@ -71,7 +66,6 @@ class UpstreamError(ProxyError):
 
 class UpstreamUnreachable(ProxyError):
     status = 502
-    type = "server_error"
     code = "upstream_unreachable"
 
 
@@ -79,11 +73,9 @@ class UpstreamProtocolError(ProxyError):
     """The upstream sent something that is not a chat completion (or chunk) we can read."""
 
     status = 502
-    type = "server_error"
     code = "upstream_protocol_error"
 
 
 class UpstreamTimeout(ProxyError):
     status = 504
-    type = "server_error"
     code = "upstream_timeout"
