@@ -9,12 +9,12 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamProtocolError
-from proxy.responses.logprobs import NULL_LOGPROB, effective_top_logprobs, response_logprob
+from proxy.responses.logprobs import NULL_LOGPROB, effective_top_logprobs, response_logprobs
 
 
-def mapped(entry: dict, *, compact: bool = True) -> dict:
-    raw = orjson.dumps(entry) if compact else json.dumps(entry).encode()  # json: `"key": value`
-    return orjson.loads(orjson.dumps([response_logprob(msgspec.Raw(raw))]))[0]
+def mapped(entries: list[dict], *, compact: bool = True) -> list[dict]:
+    raw = orjson.dumps(entries) if compact else json.dumps(entries).encode()  # json: `"key": value`
+    return orjson.loads(orjson.dumps(response_logprobs(msgspec.Raw(raw))))
 
 
 def expected(entry: dict) -> dict:
@@ -45,12 +45,18 @@ ENTRIES = {
 @pytest.mark.parametrize("compact", [True, False], ids=["compact", "spaced"])
 @pytest.mark.parametrize("entry", ENTRIES.values(), ids=ENTRIES.keys())
 def test_every_entry_maps_to_the_four_keys(entry: dict, compact: bool) -> None:
-    assert mapped(entry, compact=compact) == expected(entry)
+    assert mapped([entry], compact=compact) == [expected(entry)]
 
 
-def test_an_entry_that_is_not_an_object_is_a_protocol_error() -> None:
+def test_one_entry_to_map_among_many_keeps_them_all_in_order() -> None:
+    entries = list(ENTRIES.values()) * 2
+    assert mapped(entries) == [expected(entry) for entry in entries]
+
+
+@pytest.mark.parametrize("content", [b"[[1, 2]]", b"[1]", b"{}", b'[{"logprob": -1}]'])
+def test_content_that_is_not_a_list_of_entries_is_a_protocol_error(content: bytes) -> None:
     with pytest.raises(UpstreamProtocolError):
-        response_logprob(msgspec.Raw(b"[1, 2]"))
+        response_logprobs(msgspec.Raw(content))
 
 
 @pytest.mark.parametrize(("requested", "cap", "sent"), [(None, 20, 0), (5, 20, 5), (21, 20, 20), (10**9, 20, 20), (7, 3, 3)])

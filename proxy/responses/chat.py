@@ -25,8 +25,8 @@ class LogprobEntry(msgspec.Struct):
 
 
 class ChoiceLogprobs(msgspec.Struct):
-    # Kept as the upstream's own bytes: most entries reach the client as they came.
-    content: list[msgspec.Raw] | None = None
+    # Kept as the upstream's own bytes: most scores reach the client as they came.
+    content: msgspec.Raw = msgspec.Raw(b"null")  # (msgspec has no `Raw | None`)
 
 
 class FunctionDelta(msgspec.Struct):

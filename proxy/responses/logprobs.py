@@ -13,7 +13,8 @@ SPEC_MAX_TOP_LOGPROBS = 20
 # SGLang writes a -inf score as null; the Responses schema needs a number.
 NULL_LOGPROB = -9999.0
 
-_decode_entry = msgspec.json.Decoder(LogprobEntry).decode
+_split = msgspec.json.Decoder(list[msgspec.Raw]).decode
+_decode = msgspec.json.Decoder(list[LogprobEntry]).decode
 
 
 def effective_top_logprobs(requested: int | None, cap: int) -> int:
@@ -21,31 +22,38 @@ def effective_top_logprobs(requested: int | None, cap: int) -> int:
     return min(requested or 0, cap)
 
 
-def response_logprob(raw: msgspec.Raw) -> orjson.Fragment:
-    """A chat `logprobs.content[]` entry as a Responses `output_text.logprobs[]` entry, encoded.
+def response_logprobs(content: msgspec.Raw) -> list[orjson.Fragment]:
+    """A chat `logprobs.content` array as Responses `output_text.logprobs` entries, each
+    encoded (scores are only ever written out, so they are kept as JSON).
 
-    The two have the same four keys, so an entry with every key present and no null in it
-    (what SGLang and vLLM send, compact) passes through as it came: a score costs a copy,
-    not six dicts, on the hottest path of the proxy. Any other entry is decoded and mapped.
+    A chat entry and a Responses entry have the same four keys, so when every entry and every
+    alternative has all of them and nothing is null (what SGLang and vLLM send, compactly)
+    the entries pass through as they came: on the hottest path of the proxy a score costs a
+    copy, not six dicts. Any other array is decoded and mapped entry by entry.
     """
-    data = bytes(raw)
-    tokens = data.count(b'"token":')
-    if (
-        tokens
-        and data[:1] == b"{"
-        and b"null" not in data
-        and data.count(b'"bytes":') == tokens
-        and data.count(b'"logprob":') == tokens
-        and b'"top_logprobs":' in data
-    ):
-        return orjson.Fragment(data)
+    data = bytes(content)
+    if data == b"null":
+        return []
     try:
-        entry = _decode_entry(data)
+        entries = [bytes(entry) for entry in _split(data)]
+        tokens = data.count(b'"token":')
+        if (
+            b"null" not in data
+            and data.count(b'"bytes":') == tokens
+            and data.count(b'"logprob":') == tokens
+            and data.count(b'"top_logprobs":') == len(entries)
+            and all(entry[:1] == b"{" for entry in entries)
+        ):
+            return [orjson.Fragment(entry) for entry in entries]
+        return [orjson.Fragment(orjson.dumps(_mapped(entry))) for entry in _decode(data)]
     except msgspec.MsgspecError as exc:
-        raise UpstreamProtocolError(f"unreadable upstream logprob entry: {exc}") from None
+        raise UpstreamProtocolError(f"unreadable upstream logprobs: {exc}") from None
+
+
+def _mapped(entry: LogprobEntry) -> dict:
     score = _token_score(entry.token, entry.logprob, entry.bytes)
     score["top_logprobs"] = [_token_score(t.token, t.logprob, t.bytes) for t in entry.top_logprobs or ()]
-    return orjson.Fragment(orjson.dumps(score))
+    return score
 
 
 def _token_score(token: str, logprob: float | None, token_bytes: list[int] | None) -> dict:

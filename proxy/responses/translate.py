@@ -24,7 +24,7 @@ import orjson
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
 from ..upstream.sse import SSEDecoder
 from .chat import Chunk, Delta, ToolCallDelta, Usage, decode_chunk
-from .logprobs import response_logprob
+from .logprobs import response_logprobs
 from .request import Call
 
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -142,8 +142,8 @@ class ResponseTranslator:
         for choice in chunk.choices or ():
             if choice.index != 0:
                 continue
-            if self._logprobs and choice.logprobs is not None and choice.logprobs.content:
-                self._scores.extend(map(response_logprob, choice.logprobs.content))
+            if self._logprobs and choice.logprobs is not None:
+                self._scores += response_logprobs(choice.logprobs.content)
             delta = choice.delta or choice.message
             if delta is not None:
                 self._delta(delta)
