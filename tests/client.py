@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -12,7 +15,7 @@ import pydantic
 
 LOGPROBS = ["message.output_text.logprobs"]
 
-_SDK_EVENT = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
+SDK_EVENT = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
 # The Open Responses model of each event type, found by the `type` each model declares.
 _SPEC_EVENTS: dict[str, type[pydantic.BaseModel]] = {}
 for _model in vars(spec).values():
@@ -28,12 +31,35 @@ async def create(http: aiohttp.ClientSession, proxy: str, body: dict[str, Any]) 
         return response.status, await response.json()
 
 
+async def post_json(http: aiohttp.ClientSession, url: str, body: Any, **kwargs: Any) -> tuple[int, Any]:
+    """POST `body` to `url` (bytes as they are, labelled JSON; anything else as JSON); the
+    status and the JSON answer, whatever content type it came with."""
+    data = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
+    async with http.post(url, **data, **kwargs) as response:
+        return response.status, await response.json(content_type=None)
+
+
 async def stream(http: aiohttp.ClientSession, proxy: str, body: dict[str, Any]) -> list[dict]:
     """POST with `stream: true`; the events, each checked for its SSE framing."""
     async with http.post(f"{proxy}/v1/responses", json={**body, "stream": True}) as response:
         assert response.status == 200, await response.text()
-        assert response.headers["Content-Type"].startswith("text/event-stream")
+        assert response.content_type == "text/event-stream", response.headers["Content-Type"]
         return parse_sse(await response.read())
+
+
+async def read_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
+    """The events of an SSE response as they arrive; linear however large an event."""
+    buffer, searched = bytearray(), 0
+    async for data in response.content.iter_any():
+        buffer += data
+        start = 0
+        while (end := buffer.find(b"\n\n", max(searched - 1, start))) >= 0:
+            frame = bytes(buffer[start:end])
+            start = end + 2
+            if frame != b"data: [DONE]":
+                yield orjson.loads(frame[frame.index(b"\ndata: ") + 7 :])
+        del buffer[:start]
+        searched = len(buffer)
 
 
 def parse_sse(raw: bytes) -> list[dict]:
@@ -55,11 +81,26 @@ def validate_response(response: dict) -> None:
 
 
 def validate_event(event: dict) -> None:
-    _SDK_EVENT.validate_python(event)
+    SDK_EVENT.validate_python(event)
     model = _SPEC_EVENTS.get(event["type"])
     # The spec's error event nests its fields; DESIGN section 5 follows the SDK's flat one.
     if model is not None and event["type"] != "error":
         model.model_validate(event)
+
+
+def envelope(body: dict, code: str | None = None, *, type: str | None = None) -> dict:
+    """The OpenAI error envelope (DESIGN 5), exactly: its one `error` object, with its code
+    and type checked when given."""
+    assert list(body) == ["error"], body
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}, error
+    assert isinstance(error["message"], str) and error["message"]
+    assert error["code"] is None or isinstance(error["code"], str)
+    if code is not None:
+        assert error["code"] == code, error
+    if type is not None:
+        assert error["type"] == type, error
+    return error
 
 
 def output_text(response: dict) -> dict:
@@ -67,3 +108,16 @@ def output_text(response: dict) -> dict:
     (message,) = [item for item in response["output"] if item["type"] == "message"]
     (part,) = message["content"]
     return part
+
+
+async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
+    """Poll `check` (plain or async) until it is true; fail after `timeout` seconds."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        result = check()
+        if inspect.isawaitable(result):
+            result = await result
+        if result:
+            return
+        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
+        await asyncio.sleep(0.02)

@@ -1,16 +1,20 @@
-"""Fixtures: a fake upstream on loopback, the real proxy in front of it, real clients."""
+"""Fixtures: a fake upstream on loopback, the real proxy in front of it, real clients; and for
+the fault suites, `launch` (a proxy whose app can be inspected) and `baseline` (for `settled`)."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
 
 import aiohttp
 import openai
 import pytest
+from aiohttp import web
 
 from proxy.config import Config, single_upstream
-from proxy.server import create_app, serve
 from tests.fake_upstream import FakeUpstream
+from tests.harness import Running, config
 
 
 @pytest.fixture
@@ -27,10 +31,9 @@ async def start_proxy() -> AsyncIterator[Callable[[Config], Awaitable[str]]]:
     runners = []
 
     async def start(config: Config) -> str:
-        runner = await serve(create_app(config), "127.0.0.1", 0)
-        runners.append(runner)
-        host, port = runner.addresses[0][:2]
-        return f"http://{host}:{port}"
+        running = await Running.start(config)
+        runners.append(running.runner)
+        return running.url
 
     yield start
     for runner in runners:
@@ -53,3 +56,24 @@ async def sdk(proxy: str) -> AsyncIterator[openai.AsyncOpenAI]:
     client = openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0, timeout=10)
     yield client
     await client.close()
+
+
+@pytest.fixture
+async def launch(upstream: FakeUpstream) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
+    """`await launch(timeouts=..., url=..., **config)`: a proxy over the fake upstream (or `url`)."""
+    runners: list[web.AppRunner] = []
+
+    async def start(url: str | None = None, timeouts: dict | None = None, **top: Any) -> Running:
+        running = await Running.start(config(url or upstream.url, timeouts, **top), shutdown_grace=0.5)
+        runners.append(running.runner)
+        return running
+
+    yield start
+    for runner in runners:
+        await runner.cleanup()
+
+
+@pytest.fixture
+async def baseline() -> set[asyncio.Task]:
+    """The tasks alive before the test: what `settled` does not count as left behind."""
+    return set(asyncio.all_tasks())

@@ -28,9 +28,14 @@ def frame(chunk: dict, nl: str = "\n") -> bytes:
     return b"data: " + orjson.dumps(chunk) + (nl * 2).encode()
 
 
+def framed(chunks: Iterable[dict], nl: str = "\n") -> list[bytes]:
+    """Chat chunks as the frames an upstream writes, one each."""
+    return [frame(c, nl) for c in chunks]
+
+
 def sse(chunks: Iterable[dict], *, done: bool = True, nl: str = "\n") -> bytes:
     """Chat chunks as an upstream writes them, `data: [DONE]` last when `done`."""
-    return b"".join(frame(c, nl) for c in chunks) + (b"data: [DONE]" + (nl * 2).encode() if done else b"")
+    return b"".join(framed(chunks, nl)) + (b"data: [DONE]" + (nl * 2).encode() if done else b"")
 
 
 def error_frame(message: str = "boom", code: int | str = 500) -> bytes:

@@ -15,8 +15,9 @@ import pytest
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.config import parse
-from tests.client import LOGPROBS, parse_sse, validate_response
+from tests.client import LOGPROBS, envelope, parse_sse, validate_response
 from tests.fake_upstream import Generation, Reply, Step, score
+from tests.harness import handler_errors
 
 GEN = Generation([Step("text", "ok", [score("ok")]), Step("finish", finish_reason="stop")])
 BODY = {"model": "m", "input": "hi"}
@@ -36,10 +37,7 @@ def no_unhandled_errors(caplog):
     """A handler that raised shows as an ERROR record of aiohttp or the proxy."""
     caplog.set_level(logging.WARNING)
     yield
-    errors = [
-        r for r in caplog.get_records("call")
-        if r.levelno >= logging.ERROR and r.name.startswith(("aiohttp", "proxy")) and not lingering(r)
-    ]
+    errors = [r for r in handler_errors(caplog.get_records("call")) if not lingering(r)]
     assert not errors, [r.getMessage() for r in errors]
 
 
@@ -47,16 +45,6 @@ def lingering(record: logging.LogRecord) -> bool:
     """aiohttp's own log line when, after the answer, it reads on into a request body that
     cannot be decoded (a lying gzip): not a handler's error."""
     return record.getMessage() == "Unhandled exception" and isinstance(record.exc_info and record.exc_info[1], RequestPayloadError)
-
-
-def envelope(body: dict) -> dict:
-    assert list(body) == ["error"], body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["type"] == "invalid_request_error"
-    assert error["code"] is None or isinstance(error["code"], str)
-    return error
 
 
 async def refused(http, proxy: str, upstream, status: int, *, data: Any = None, json: Any = None, headers: dict | None = None) -> dict:
@@ -67,7 +55,7 @@ async def refused(http, proxy: str, upstream, status: int, *, data: Any = None, 
     async with http.post(f"{proxy}/v1/responses", data=data, headers=headers or {}) as response:
         assert response.status == status, await response.text()
         assert response.content_type == "application/json"
-        error = envelope(await response.json())
+        error = envelope(await response.json(), type="invalid_request_error")
     assert upstream.requests == []
     async with http.post(f"{proxy}/v1/responses", json=BODY) as response:
         assert response.status == 200, await response.text()
@@ -174,7 +162,7 @@ async def test_gzip_that_lies(upstream, proxy, http, data: bytes, statuses: set[
     async with http.post(f"{proxy}/v1/responses", data=data, headers={**GZIP, "Connection": "close"}) as response:
         assert response.status in statuses, await response.text()
         assert response.content_type == "application/json", await response.text()
-        envelope(await response.json())
+        envelope(await response.json(), type="invalid_request_error")
     assert upstream.requests == []
     async with http.post(f"{proxy}/v1/responses", json=BODY) as response:
         assert response.status == 200

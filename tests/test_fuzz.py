@@ -14,7 +14,6 @@ from typing import Any
 
 import openai.types.responses as sdk
 import orjson
-import pydantic
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -22,8 +21,8 @@ from hypothesis import strategies as st
 from proxy.config import parse
 from proxy.errors import UpstreamUnreachable
 from proxy.responses.translate import ResponseTranslator
-from tests.client import LOGPROBS, parse_sse
-from tests.events import TERMINAL, check_stream, plan
+from tests.client import LOGPROBS, SDK_EVENT, parse_sse
+from tests.events import TERMINAL, check_stream, frame, framed, plan
 from tests.fake_upstream import Generation, Reply, Step, score
 
 # -- 1. SSE decoder + translator ------------------------------------------------------------------
@@ -111,7 +110,7 @@ def good_steps(draw) -> list[bytes]:
     if finish is not None:
         picked.append(Step("finish", finish_reason=finish, scores=[score("e")]))
     gen = Generation(picked, dialect=draw(st.sampled_from(["sglang", "vllm"])))
-    return [b"data: " + orjson.dumps(c) + b"\n\n" for c in gen.chunks()]
+    return framed(gen.chunks())
 
 
 @st.composite
@@ -125,9 +124,9 @@ def upstream_bodies(draw) -> bytes:
     nl = draw(st.sampled_from([b"\n", b"\r\n", b"\r\n\n"]))
     frames: list[bytes] = good_steps(draw) if draw(st.booleans()) else []
     for _ in range(draw(st.integers(0, 8))):
-        frame = draw(
+        noise = draw(
             st.one_of(
-                chunks.map(lambda c: b"data: " + orjson.dumps(c) + b"\n\n"),
+                chunks.map(frame),
                 st.sampled_from([
                     b"data: [DONE]\n\n", b": comment\n\n", b"event: error\n\n", b"data:\n\n", b"\n", b"data: garbage\n\n",
                     b'data: {"choices": [{"delta": {"content": "x"}, "logprobs": {"content": [{"token": "x", "logprob": 1e400}]}}]}\n\n',
@@ -139,7 +138,7 @@ def upstream_bodies(draw) -> bytes:
                 st.binary(max_size=40),
             )
         )
-        frames.insert(draw(st.integers(0, len(frames))), frame)
+        frames.insert(draw(st.integers(0, len(frames))), noise)
     return b"".join(frames).replace(b"\n", nl)
 
 
@@ -183,8 +182,6 @@ def test_one_byte_at_a_time_is_the_same_as_all_at_once(data: st.DataObject) -> N
     strip = lambda s: [(e["type"], e.get("delta"), e.get("text"), e.get("logprobs")) for e in s.events]  # noqa: E731
     assert strip(one) == strip(other)
 
-
-SDK_EVENT = pydantic.TypeAdapter(sdk.ResponseStreamEvent)
 
 # -- 2. HTTP bodies ---------------------------------------------------------------------------------
 

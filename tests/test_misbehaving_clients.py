@@ -9,17 +9,16 @@ import asyncio
 import gc
 import logging
 import socket
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import Iterator
 
 import aiohttp
 import orjson
 import pytest
 
-from tests.events import check_stream, sent_scores
+from tests.client import read_events
+from tests.events import TERMINAL, check_stream, sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
-from tests.test_upstream_faults import BODY, Running, baseline, healthy, launch, settled, turn  # noqa: F401 (fixtures)
-
-TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+from tests.harness import BODY, Running, handler_errors, healthy, rss, settled, turn
 
 
 @pytest.fixture(autouse=True)
@@ -27,7 +26,7 @@ def no_handler_errors(caplog):
     """A client that hangs up is not an error of the proxy's: nothing logged as one."""
     caplog.set_level(logging.WARNING)
     yield
-    errors = [r for r in caplog.get_records("call") if r.levelno >= logging.ERROR and r.name.startswith(("aiohttp", "proxy"))]
+    errors = handler_errors(caplog.get_records("call"))
     assert not errors, [r.getMessage() for r in errors]
 
 
@@ -38,21 +37,6 @@ def reasoning_then_text(steps: int = 40) -> Generation:
         + [Step("tool", '{"a": 1}', [score("{")], tool_id="call_1", tool_name="f")]
         + [Step("finish", finish_reason="tool_calls")]
     )
-
-
-async def events(response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
-    """The events of an SSE response as they arrive; linear however large an event."""
-    buffer, searched = bytearray(), 0
-    async for data in response.content.iter_any():
-        buffer += data
-        start = 0
-        while (end := buffer.find(b"\n\n", max(searched - 1, start))) >= 0:
-            frame = bytes(buffer[start:end])
-            start = end + 2
-            if frame != b"data: [DONE]":
-                yield orjson.loads(frame[frame.index(b"\ndata: ") + 7 :])
-        del buffer[:start]
-        searched = len(buffer)
 
 
 GEN = reasoning_then_text()
@@ -74,7 +58,7 @@ async def test_hang_up_mid_stream_cancels_the_upstream(upstream: FakeUpstream, l
     until, pacing = STAGES[stage]
     upstream.script(Reply(GEN, **pacing))
     async with http.post(f"{running.url}/v1/responses", json={**BODY, "stream": True}) as response:
-        seen = [event["type"] async for event in _until(events(response), until)]
+        seen = [event["type"] async for event in _until(read_events(response), until)]
         response.close()
     assert seen[-1] == until and not set(seen) & set(TERMINAL)
     await asyncio.wait_for(upstream.disconnected.wait(), 1.0)
@@ -125,7 +109,7 @@ async def test_hang_up_after_completed(upstream: FakeUpstream, launch, http, bas
     running = await launch()
     upstream.script(Reply(turn()))
     async with http.post(f"{running.url}/v1/responses", json={**BODY, "stream": True}) as response:
-        seen = [event async for event in _until(events(response), "response.completed")]
+        seen = [event async for event in _until(read_events(response), "response.completed")]
         if read_done:
             assert await response.content.read() == b""
         response.close()
@@ -156,7 +140,7 @@ async def test_many_hang_ups_at_once(upstream: FakeUpstream, launch, http, basel
 
 async def abandon(http: aiohttp.ClientSession, running: Running, cut: int) -> None:
     async with http.post(f"{running.url}/v1/responses", json={**BODY, "input": str(cut), "stream": True}) as response:
-        async for event in events(response):
+        async for event in read_events(response):
             if event["type"] in ("response.reasoning_text.delta", "response.output_text.delta"):
                 break
         response.close()
@@ -166,14 +150,6 @@ async def abandon(http: aiohttp.ClientSession, running: Running, cut: int) -> No
 
 PIECE = 16 * 1024
 PIECES = 1536  # 24 MiB of text
-
-
-def rss() -> int:
-    with open("/proc/self/status") as status:
-        for line in status:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-    raise AssertionError("no VmRSS")
 
 
 class Source:
@@ -211,7 +187,7 @@ async def test_slow_reader_gets_backpressure(upstream: FakeUpstream, launch, bas
     connector = aiohttp.TCPConnector(socket_factory=small_socket)
     async with aiohttp.ClientSession(connector=connector) as http:
         async with http.post(f"{running.url}/v1/responses", json={**BODY, "stream": True}) as response:
-            reader = events(response)
+            reader = read_events(response)
             first = [event async for event in _until(reader, "response.output_text.delta")]
             assert first[-1]["delta"] == source.text(0)
             gc.collect()

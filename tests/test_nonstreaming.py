@@ -9,7 +9,7 @@ import openai.types.responses as sdk_types
 import pytest
 
 from proxy.config import parse, single_upstream
-from tests.client import LOGPROBS, create, output_text, validate_response
+from tests.client import LOGPROBS, create, envelope, output_text, validate_response
 from tests.fake_upstream import Generation, Reply, Step, score, sglang_error, vllm_error
 
 BODY = {"model": "m", "input": "hi"}
@@ -293,16 +293,6 @@ async def test_openai_sdk(upstream, sdk):
 
 
 # -- errors -------------------------------------------------------------------------------
-
-
-def envelope(body: dict) -> dict:
-    """The OpenAI error envelope's one `error` object, its shape checked (DESIGN 5)."""
-    assert list(body) == ["error"]
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["code"] is None or isinstance(error["code"], str)
-    return error
 
 
 @pytest.mark.parametrize(

@@ -5,11 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import gzip
-import inspect
 import logging
 import re
-import socket
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
@@ -21,7 +19,9 @@ from yarl import URL
 
 from proxy.config import Config, describe, parse
 from proxy.logs import JsonFormatter
+from tests.client import envelope, eventually, post_json
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, sglang_error
+from tests.harness import free_port
 
 GEN = Generation(steps=[Step("text", "Hi"), Step("finish", finish_reason="stop")], completion_tokens=5)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -34,33 +34,13 @@ def pool(*urls: str, **keys: Any) -> Config:
     return parse({"upstreams": [{"name": "pool", "urls": list(urls), **keys}]})
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def port_of(fake: FakeUpstream) -> int:
     return int(fake.url.rsplit(":", 1)[1])
 
 
-async def eventually(check: Callable[[], Any], timeout: float = 5.0) -> None:
-    """Poll `check` (plain or async) until it is true; fail after `timeout` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.02)
-
-
 async def call(http: aiohttp.ClientSession, url: str, path: str = "/v1/chat/completions", body: Any = None, **kwargs: Any) -> tuple[int, Any]:
     body = body if body is not None else (RESPONSES if path == "/v1/responses" else CHAT)
-    async with http.post(url + path, json=body, **kwargs) as response:
-        return response.status, await response.json(content_type=None)
+    return await post_json(http, url + path, body, **kwargs)
 
 
 async def status_of(http: aiohttp.ClientSession, url: str, **kwargs: Any) -> int:
@@ -261,11 +241,6 @@ CLIENT_KEY = "sk-client-3c1e"
 PROTECTED = [("POST", "/v1/responses"), ("POST", "/v1/chat/completions"), ("POST", "/v1/completions"), ("GET", "/v1/models")]
 
 
-def envelope(body: dict, code: str) -> None:
-    assert set(body) == {"error"} and set(body["error"]) == {"message", "type", "param", "code"}
-    assert (body["error"]["type"], body["error"]["code"]) == ("invalid_request_error", code)
-
-
 @pytest.fixture(params=["api_keys", "api_keys_env"])
 async def guarded(request, upstream, start_proxy, monkeypatch) -> str:
     upstream.script(Reply(GEN))
@@ -282,7 +257,7 @@ async def test_missing_or_wrong_key_is_401(guarded, upstream, http, authorizatio
     for method, path in PROTECTED:
         async with http.request(method, guarded + path, json={"model": "m", "input": "hi"}, headers=headers) as response:
             assert response.status == 401, path
-            envelope(await response.json(), "invalid_api_key")
+            envelope(await response.json(), "invalid_api_key", type="invalid_request_error")
     assert upstream.requests == []
 
 
@@ -329,7 +304,7 @@ async def test_body_over_max_body_bytes_is_413(upstream, start_proxy, http, path
         assert response.status == 200, await response.text()  # under the limit, however sent
     async with http.post(url + path, **encode(how, orjson.dumps(big_body(path, 3000)))) as response:
         assert response.status == 413
-        envelope(await response.json(), "request_too_large")
+        envelope(await response.json(), "request_too_large", type="invalid_request_error")
     assert len(upstream.requests) == 1
 
 

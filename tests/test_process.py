@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import inspect
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
@@ -18,8 +16,9 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.client import output_text, parse_sse
+from tests.client import eventually, output_text, parse_sse
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
+from tests.harness import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_M = (sys.executable, "-m", "proxy")
@@ -28,25 +27,6 @@ START_TIMEOUT = 20.0
 GEN = Generation(steps=[Step("text", "Hi"), Step("finish", finish_reason="stop")])
 WORDS = [f"w{i} " for i in range(12)]
 SLOW = Generation(steps=[*(Step("text", w) for w in WORDS), Step("finish", finish_reason="stop")])
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-async def eventually(check: Callable[[], Any], timeout: float = 10.0) -> None:
-    """Poll `check` (plain or async) until it is true; fail after `timeout` seconds."""
-    deadline = asyncio.get_running_loop().time() + timeout
-    while True:
-        result = check()
-        if inspect.isawaitable(result):
-            result = await result
-        if result:
-            return
-        assert asyncio.get_running_loop().time() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
 
 
 def fresh() -> aiohttp.ClientSession:

@@ -11,13 +11,14 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
-import aiohttp
 import orjson
 import pytest
 import yaml
 from aiohttp import web
 
 from proxy.config import Config, ConfigError, parse
+from tests.client import post_json
+from tests.events import sse
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,12 +33,6 @@ def routed(upstreams: dict[str, FakeUpstream | str], routes: list[dict], **upstr
         "upstreams": [{"name": name, "urls": [getattr(u, "url", u)], **upstream_keys} for name, u in upstreams.items()],
         "routes": routes,
     })
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: dict | bytes, **kwargs: Any) -> tuple[int, Any]:
-    data = {"data": body, "headers": {"Content-Type": "application/json"}} if isinstance(body, bytes) else {"json": body}
-    async with http.post(url, **data, **kwargs) as response:
-        return response.status, await response.json(content_type=None)
 
 
 @pytest.fixture
@@ -176,7 +171,7 @@ async def test_route_and_rewrite(upstream, other, start_proxy, http, path: str, 
     other.script(Reply(HI))
     url = await start_proxy(routed({"qwen": upstream, "other": other}, ROUTES))
     body = {"model": model, "input": "hi"} if path == "/v1/responses" else {"model": model, "messages": MESSAGES}
-    status, answer = await post(http, url + path, body)
+    status, answer = await post_json(http, url + path, body)
     assert status == 200, answer
     chosen, idle = (upstream, other) if target == "qwen" else (other, upstream)
     assert [r["model"] for r in chosen.requests] == [sent] and idle.requests == []
@@ -188,7 +183,7 @@ async def test_route_and_rewrite(upstream, other, start_proxy, http, path: str, 
 async def test_unrouted_model_is_404(upstream, other, start_proxy, http, path: str) -> None:
     url = await start_proxy(routed({"qwen": upstream, "other": other}, ROUTES))
     body = {"/v1/responses": {"input": "hi"}, "/v1/chat/completions": {"messages": MESSAGES}}.get(path, {"prompt": "hi"})
-    status, answer = await post(http, url + path, {"model": "gpt-4o", **body})
+    status, answer = await post_json(http, url + path, {"model": "gpt-4o", **body})
     assert status == 404
     error = answer["error"]
     assert (error["code"], error["param"], error["type"]) == ("model_not_found", "model", "invalid_request_error")
@@ -201,7 +196,7 @@ async def test_no_routes_send_every_model_to_the_first_upstream(upstream, other,
     upstream.script(Reply(HI))
     url = await start_proxy(routed({"first": upstream, "second": other}, []))
     for model in ("a", "b/c"):
-        assert (await post(http, f"{url}/v1/chat/completions", {"model": model, "messages": MESSAGES}))[0] == 200
+        assert (await post_json(http, f"{url}/v1/chat/completions", {"model": model, "messages": MESSAGES}))[0] == 200
     assert [r["model"] for r in upstream.requests] == ["a", "b/c"] and other.requests == []
 
 
@@ -209,7 +204,7 @@ async def test_defaults_fill_in_what_the_request_leaves_out(upstream, start_prox
     upstream.script(Reply(HI))
     defaults = {"separate_reasoning": True, "chat_template_kwargs": {"enable_thinking": True}, "temperature": 0.1, "top_p": 0.5}
     url = await start_proxy(routed({"qwen": upstream}, [{"model": "*", "upstream": "qwen"}], defaults=defaults))
-    status, answer = await post(http, f"{url}/v1/responses", {"model": "m", "input": "hi", "temperature": 0.7})
+    status, answer = await post_json(http, f"{url}/v1/responses", {"model": "m", "input": "hi", "temperature": 0.7})
     assert status == 200, answer
     sent = upstream.requests[0]
     assert sent["temperature"] == 0.7  # the request's own value wins
@@ -243,7 +238,7 @@ RAW = b'{ "prompt" :"caf\\u00e9",\n "model": "m", "zz": {"n": [1, 2.50, 1e3]}, "
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 async def test_passthrough_forwards_the_body_unchanged(echo, start_proxy, http, path: str) -> None:
     url = await start_proxy(routed({"e": await echo.start()}, [{"model": "m", "upstream": "e"}], defaults={"temperature": 0.1}))
-    status, answer = await post(http, url + path, RAW)
+    status, answer = await post_json(http, url + path, RAW)
     assert (status, answer) == (200, Echo.ANSWER)
     assert echo.received == [(path, RAW)]
 
@@ -251,7 +246,7 @@ async def test_passthrough_forwards_the_body_unchanged(echo, start_proxy, http, 
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
 async def test_passthrough_rewrites_only_the_model(echo, start_proxy, http, path: str) -> None:
     url = await start_proxy(routed({"e": await echo.start()}, [{"model": "m", "upstream": "e", "rewrite_model": "big/model"}]))
-    assert (await post(http, url + path, RAW))[0] == 200
+    assert (await post_json(http, url + path, RAW))[0] == 200
     ((got_path, sent),) = echo.received
     assert got_path == path
     assert orjson.loads(sent) == {**orjson.loads(RAW), "model": "big/model"}
@@ -260,7 +255,7 @@ async def test_passthrough_rewrites_only_the_model(echo, start_proxy, http, path
 async def test_completions_error_of_the_upstream_reaches_the_client(upstream, start_proxy, http) -> None:
     """The fake serves only chat: its 404 for /v1/completions comes back, in the envelope."""
     url = await start_proxy(routed({"qwen": upstream}, [{"model": "m", "upstream": "qwen"}]))
-    status, answer = await post(http, f"{url}/v1/completions", {"model": "m", "prompt": "hi"})
+    status, answer = await post_json(http, f"{url}/v1/completions", {"model": "m", "prompt": "hi"})
     assert status == 404
     assert set(answer["error"]) == {"message", "type", "param", "code"}
     assert answer["error"]["code"] != "model_not_found"
@@ -268,8 +263,7 @@ async def test_completions_error_of_the_upstream_reaches_the_client(upstream, st
 
 def sse_bytes(generation: Generation) -> bytes:
     """What the fake writes for a chat stream without logprobs or usage."""
-    chunks = generation.chunks(logprobs=False, usage=False)
-    return b"".join(b"data: " + orjson.dumps(c) + b"\n\n" for c in chunks) + b"data: [DONE]\n\n"
+    return sse(generation.chunks(logprobs=False, usage=False))
 
 
 WORDS = Generation(steps=[*(Step("text", f"w{i} ") for i in range(6)), Step("finish", finish_reason="stop")])
@@ -304,7 +298,7 @@ async def test_passthrough_stream_bytes_unchanged(upstream, proxy, http, knobs: 
     [(b"{not json", None), (b"[1, 2]", "model"), (b'{"model": 3}', "model"), (b'{"messages": []}', "model")],
 )
 async def test_passthrough_refuses_bodies_without_a_model(upstream, proxy, http, body: bytes, param: str | None) -> None:
-    status, answer = await post(http, f"{proxy}/v1/chat/completions", body)
+    status, answer = await post_json(http, f"{proxy}/v1/chat/completions", body)
     assert status == 400 and answer["error"]["param"] == param
     assert upstream.requests == []
 

@@ -23,11 +23,10 @@ from dataclasses import dataclass
 import aiohttp
 import orjson
 
-from tests.client import LOGPROBS, parse_sse
-from tests.events import TERMINAL, as_response_logprob, check_stream
+from tests.client import LOGPROBS, parse_sse, read_events
+from tests.events import TERMINAL, as_response_logprob, check_stream, framed
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score, sglang_error, vllm_error
-from tests.test_misbehaving_clients import events, rss
-from tests.test_upstream_faults import baseline, launch, settled  # noqa: F401 (fixtures)
+from tests.harness import handler_errors, rss, settled
 
 SECONDS = float(os.environ.get("SOAK_SECONDS", "10"))
 STREAMS = int(os.environ.get("SOAK_STREAMS", "250"))
@@ -72,8 +71,7 @@ def expected(gen: Generation) -> tuple[str, str, list[dict], list[tuple[str, str
 
 def with_noise(gen: Generation) -> list[bytes]:
     """The generation's frames with `choices: []` chunks and comments between them."""
-    frames = [b"data: " + orjson.dumps(c) + b"\n\n" for c in gen.chunks()]
-    return [f for frame in frames for f in (frame, b'data: {"choices": []}\n\n: ping\n\n')] + [b"data: [DONE]\n\n"]
+    return [f for frame in framed(gen.chunks()) for f in (frame, b'data: {"choices": []}\n\n: ping\n\n')] + [b"data: [DONE]\n\n"]
 
 
 @dataclass(frozen=True)
@@ -155,7 +153,7 @@ class Soak:
             assert response.status != 500, await response.text()
             if case.hang_up:
                 assert response.status == 200
-                async for event in events(response):
+                async for event in read_events(response):
                     if event["type"].endswith("_text.delta"):
                         break
                 response.close()
@@ -227,7 +225,7 @@ async def test_soak(upstream: FakeUpstream, launch, baseline, caplog) -> None:
     assert upstream.disconnects >= soak.hang_ups
     upstream.choose = None
     grown = settled_rss() - before
-    errors = [r for r in caplog.records if r.levelno >= logging.ERROR and r.name.startswith(("aiohttp", "proxy"))]
+    errors = handler_errors(caplog.records)
     print(f"\nsoak: {done} requests in {SECONDS:.0f} s at {STREAMS} concurrent, {soak.checked} fully checked, "
           f"RSS {grown / 2**20:+.1f} MiB, statuses {dict(soak.statuses)}, slowest {soak.slowest}, "
           f"handler errors {len(errors)}")

@@ -3,18 +3,17 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
 
 import aiohttp
 import openai
-import orjson
 import pytest
 
 from proxy.config import parse
 from proxy.errors import UpstreamTimeout
-from tests.client import LOGPROBS, stream
-from tests.events import check_stream, expected_deltas, sent_scores, tokens, without_ids
+from tests.client import LOGPROBS, read_events
+from tests.events import expected_deltas, sent_scores, tokens, without_ids
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
+from tests.harness import checked_stream
 
 BODY = {"model": "m", "input": "hi", "include": LOGPROBS, "top_logprobs": 2}
 
@@ -44,13 +43,9 @@ def long_text(steps: int = 60) -> Generation:
     return Generation([Step("text", f"w{i} ", [score(f"w{i}")]) for i in range(steps)] + [Step("finish", finish_reason="stop")])
 
 
-async def within(awaitable, seconds: float = 5.0):
-    return await asyncio.wait_for(awaitable, seconds)
-
-
 async def test_upstream_is_asked_to_stream_with_usage(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
     upstream.script(Reply(seed()))
-    check_stream(await within(stream(http, proxy, BODY)))
+    await checked_stream(http, proxy, BODY, 5.0)
     (sent,) = upstream.requests
     assert sent["stream"] is True and sent["stream_options"] == {"include_usage": True}
     assert sent["logprobs"] is True and sent["top_logprobs"] == BODY["top_logprobs"]
@@ -60,7 +55,7 @@ async def test_seed_case_however_the_upstream_writes(upstream: FakeUpstream, pro
     gen = seed()
     replies = [Reply(gen), Reply(gen, write_size=1), Reply(gen, coalesce=True), Reply(gen, line_ending="\r\n", write_size=7)]
     upstream.script(*replies)
-    runs = [check_stream(await within(stream(http, proxy, BODY))) for _ in replies]
+    runs = [await checked_stream(http, proxy, BODY, 5.0) for _ in replies]
     chunks = gen.chunks()
     first = runs[0]
     assert first.terminal == "response.completed"
@@ -87,18 +82,8 @@ async def test_event_larger_than_a_line_limit(upstream: FakeUpstream, proxy: str
     text = "x" * (3 * 1024 * 1024)
     gen = Generation([Step("text", text, [score("x")]), Step("finish", finish_reason="stop")])
     upstream.script(Reply(gen, write_size=64 * 1024))
-    run = check_stream(await within(stream(http, proxy, BODY)))
+    run = await checked_stream(http, proxy, BODY, 5.0)
     assert run.terminal == "response.completed" and run.text == text
-
-
-async def read_events(response: aiohttp.ClientResponse) -> AsyncIterator[dict]:
-    buffer = b""
-    async for data in response.content.iter_any():
-        buffer += data
-        *frames, buffer = buffer.split(b"\n\n")
-        for frame in frames:
-            if frame != b"data: [DONE]":
-                yield orjson.loads(frame.split(b"\ndata: ", 1)[1])
 
 
 @pytest.mark.parametrize("pacing", [{"stall_after": 4}, {"delay": 0.05}], ids=["stalled", "paced"])
@@ -138,7 +123,7 @@ async def test_upstream_faults(
     """Each ends with one terminal event and [DONE] (the framing checked on every event), the
     scores read before the fault on the message, and never a hang."""
     upstream.script(Reply(tool_turn(), **reply))
-    run = check_stream(await within(stream(http, proxy, BODY)))
+    run = await checked_stream(http, proxy, BODY, 5.0)
     assert run.terminal == terminal
     assert run.logprobs == sent_scores(CHUNKS[:read])
 
@@ -153,7 +138,7 @@ async def test_stalled_upstream_times_out(upstream: FakeUpstream, start_proxy, h
     config = parse({"upstreams": [{"name": "default", "urls": [upstream.url], "timeouts": timeouts}]})
     proxy = await start_proxy(config)
     upstream.script(Reply(tool_turn(), **reply))
-    run = check_stream(await within(stream(http, proxy, BODY), 3.0))
+    run = await checked_stream(http, proxy, BODY, 3.0)
     assert run.terminal == "response.failed"
     assert run.events[-2]["code"] == UpstreamTimeout.code
     # Every score that arrived in time reaches the client; the cut comes before the end.

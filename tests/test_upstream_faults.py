@@ -2,31 +2,17 @@
 gets a clear error or a `response.failed`, a stream ends with exactly one terminal event, and
 afterwards no upstream connection is held, no pooled connection is broken and no task is left.
 
-Also the harness the other fault suites use: `launch` (a proxy whose app can be inspected)
-and `settled` (the no-leak check)."""
+The harness (`launch`, `settled`, `healthy`) is in conftest.py and harness.py."""
 
 from __future__ import annotations
 
-import asyncio
-import socket
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
-from typing import Any
-
-import aiohttp
 import orjson
 import pytest
-from aiohttp import web
 
-from proxy.appkeys import RUNTIME
-from proxy.config import parse
-from proxy.server import create_app, serve
-from proxy.upstream.client import UpstreamClient
-from tests.client import LOGPROBS, parse_sse, validate_response
-from tests.events import Stream, check_stream, sent_scores
+from tests.client import envelope, validate_response
+from tests.events import framed, sent_scores
 from tests.fake_upstream import (
     STREAM_ERROR_MESSAGE,
-    FakeUpstream,
     Generation,
     Reply,
     Step,
@@ -34,160 +20,12 @@ from tests.fake_upstream import (
     sglang_error,
     vllm_error,
 )
+from tests.harness import BODY, checked_stream, free_port, healthy, post, settled, turn
 
-BODY = {"model": "m", "input": "hi", "include": LOGPROBS, "top_logprobs": 2}
 FAST = {"first_byte": 0.75, "idle": 0.75}  # for the timeout cases only: their stalls never end
 
 
-# -- harness ----------------------------------------------------------------------------------
-
-
-@dataclass
-class Running:
-    """A proxy started in this process, with its app at hand."""
-
-    url: str
-    runner: web.AppRunner
-
-    @property
-    def client(self) -> UpstreamClient:
-        return self.runner.app[RUNTIME].clients["default"]
-
-    @property
-    def connector(self) -> aiohttp.BaseConnector:
-        return self.client._session.connector
-
-    def acquired(self) -> int:
-        return len(self.connector._acquired)
-
-    def pooled(self) -> list:
-        return [proto for conns in self.connector._conns.values() for proto, _ in conns]
-
-
-def config(url: str, timeouts: dict | None = None, **top: Any):
-    upstream: dict[str, Any] = {"name": "default", "urls": [url]}
-    if timeouts:
-        upstream["timeouts"] = timeouts
-    return parse({"upstreams": [upstream], **top})
-
-
-@pytest.fixture
-async def launch(upstream: FakeUpstream) -> AsyncIterator[Callable[..., Awaitable[Running]]]:
-    """`await launch(timeouts=..., url=..., **config)`: a proxy over the fake upstream (or `url`)."""
-    runners: list[web.AppRunner] = []
-
-    async def start(url: str | None = None, timeouts: dict | None = None, **top: Any) -> Running:
-        runner = await serve(create_app(config(url or upstream.url, timeouts, **top)), "127.0.0.1", 0, shutdown_grace=0.5)
-        runners.append(runner)
-        host, port = runner.addresses[0][:2]
-        return Running(f"http://{host}:{port}", runner)
-
-    yield start
-    for runner in runners:
-        await runner.cleanup()
-
-
-def idle_server_tasks(*runners: web.AppRunner | None) -> set[asyncio.Task]:
-    """Tasks of server connections that wait for their next request (keep-alive): not leaks."""
-    tasks = set()
-    for runner in runners:
-        if runner is None or runner.server is None:
-            continue
-        for handler in runner.server.connections:
-            if handler._task_handler is not None and handler._waiter is not None:
-                tasks.add(handler._task_handler)
-    return tasks
-
-
-async def settled(running: Running, upstream: FakeUpstream | None, baseline: set[asyncio.Task], within: float = 3.0) -> None:
-    """Poll (up to `within` s) until the proxy holds no upstream connection, every pooled one is
-    alive, the fake streams nothing, and every task not in `baseline` is an idle keep-alive
-    connection; fail with what is left otherwise."""
-    deadline = asyncio.get_running_loop().time() + within
-    while True:
-        fake_runner = upstream._runner if upstream is not None else None
-        extra = asyncio.all_tasks() - baseline - {asyncio.current_task()} - idle_server_tasks(running.runner, fake_runner)
-        broken = [proto for proto in running.pooled() if not proto.is_connected() or proto.should_close]
-        streaming = upstream.active_streams if upstream is not None else 0
-        if not (running.acquired() or broken or streaming or extra):
-            return
-        if asyncio.get_running_loop().time() > deadline:
-            pytest.fail(
-                f"not settled: acquired={running.acquired()} broken={broken} active_streams={streaming} "
-                f"tasks={[t.get_coro() for t in extra]}"
-            )
-        await asyncio.sleep(0.02)
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-def envelope(body: dict, code: str | None = None, *, type: str | None = None) -> dict:
-    """The OpenAI error envelope, exactly; its code checked when given."""
-    assert list(body) == ["error"], body
-    error = body["error"]
-    assert set(error) == {"message", "type", "param", "code"}, error
-    assert isinstance(error["message"], str) and error["message"]
-    assert error["code"] is None or isinstance(error["code"], str)
-    if code is not None:
-        assert error["code"] == code, error
-    if type is not None:
-        assert error["type"] == type, error
-    return error
-
-
-async def post(http: aiohttp.ClientSession, url: str, body: dict, seconds: float = 10.0) -> tuple[int, str, bytes]:
-    """POST /v1/responses; (status, content type, raw body), within `seconds`."""
-
-    async def go() -> tuple[int, str, bytes]:
-        async with http.post(f"{url}/v1/responses", json=body) as response:
-            return response.status, response.content_type, await response.read()
-
-    return await asyncio.wait_for(go(), seconds)
-
-
-async def stream(http: aiohttp.ClientSession, url: str, body: dict, seconds: float = 10.0) -> Stream:
-    status, kind, raw = await post(http, url, {**body, "stream": True}, seconds)
-    assert (status, kind) == (200, "text/event-stream"), raw[:500]
-    return check_stream(parse_sse(raw))
-
-
-async def healthy(http: aiohttp.ClientSession, running: Running, upstream: FakeUpstream, times: int = 2) -> None:
-    """The proxy still serves, over whatever its pool kept, both modes."""
-    gen = turn()
-    for _ in range(times):
-        upstream.script(Reply(gen), Reply(gen))
-        run = await stream(http, running.url, BODY)
-        assert (run.terminal, run.text) == ("response.completed", "Hello world")
-        status, _, raw = await post(http, running.url, BODY)
-        assert status == 200, raw
-        validate_response(orjson.loads(raw))
-
-
-@pytest.fixture
-async def baseline() -> set[asyncio.Task]:
-    return set(asyncio.all_tasks())
-
-
 # -- generations ------------------------------------------------------------------------------
-
-
-def turn(dialect: str = "sglang", finish: str = "stop") -> Generation:
-    return Generation(
-        [
-            Step("reasoning", "Let me", [score("Let"), score(" me")]),
-            Step("reasoning", " think", [score(" think")]),
-            Step("text", "Hello", [score("Hello")]),
-            Step("scores", scores=[score(" wor")]),
-            Step("text", " world", [score("ld")]),
-            Step("finish", finish_reason=finish, scores=[score("<eos>")]),
-        ],
-        reasoning_tokens=3,
-        dialect=dialect,
-    )
 
 
 def parallel_calls(dialect: str) -> Generation:
@@ -204,10 +42,6 @@ def parallel_calls(dialect: str) -> Generation:
         ],
         dialect=dialect,
     )
-
-
-def framed(chunks: list[dict], nl: str = "\n") -> list[bytes]:
-    return [b"data: " + orjson.dumps(c) + (nl * 2).encode() for c in chunks]
 
 
 DONE = b"data: [DONE]\n\n"
@@ -336,7 +170,7 @@ async def test_stream_broken_off(upstream, launch, http, baseline, reply: dict, 
     cut after it: `response.completed` (only the usage or `[DONE]` was lost)."""
     running = await launch(timeouts=timeouts)
     upstream.script(Reply(turn(), **reply))
-    run = await stream(http, running.url, BODY)
+    run = await checked_stream(http, running.url, BODY)
     assert run.terminal == terminal
     assert run.logprobs == sent_scores(CHUNKS[:read])
     if code is not None:
@@ -355,7 +189,7 @@ async def test_error_frame_then_finish_and_usage(upstream, launch, http, baselin
     gets one `response.failed`, and the rest is read so the connection goes back to the pool."""
     running = await launch()
     upstream.script(Reply(turn(), error_frame_after=at))
-    run = await stream(http, running.url, BODY)
+    run = await checked_stream(http, running.url, BODY)
     assert run.terminal == "response.failed"
     assert run.events[-2]["message"] == run.response["error"]["message"] == STREAM_ERROR_MESSAGE
     assert run.logprobs == sent_scores(CHUNKS[:at])
@@ -380,7 +214,7 @@ async def test_error_frame_always_says_something(upstream, launch, http, baselin
     running = await launch()
     frames = framed(CHUNKS)
     upstream.script(Reply(frames=[*frames[:3], b"data: " + orjson.dumps({"error": error}) + b"\n\n", DONE]))
-    run = await stream(http, running.url, BODY)  # check_stream: a non-empty message, string codes
+    run = await checked_stream(http, running.url, BODY)  # check_stream: a non-empty message, string codes
     assert run.terminal == "response.failed"
     assert run.events[-2]["message"].strip()
     await settled(running, upstream, baseline)
@@ -402,7 +236,7 @@ async def test_unreadable_data_fails_the_stream(upstream, launch, http, baseline
     running = await launch()
     frames = framed(CHUNKS)
     upstream.script(Reply(frames=[*frames[:at], garbage, *frames[at:], DONE]))
-    run = await stream(http, running.url, BODY)
+    run = await checked_stream(http, running.url, BODY)
     assert run.terminal == "response.failed"
     assert run.events[-2]["code"] == "upstream_protocol_error"
     assert run.logprobs == sent_scores(CHUNKS[:at])
@@ -428,7 +262,7 @@ async def test_noise_between_chunks_is_ignored(upstream, launch, http, baseline,
     frames = framed(CHUNKS)
     # Around every chunk, and once more before [DONE].
     upstream.script(Reply(frames=[b for f in frames for b in (noise, f)] + [noise, DONE]))
-    run = await stream(http, running.url, BODY)
+    run = await checked_stream(http, running.url, BODY)
     assert (run.terminal, run.text) == ("response.completed", "Hello world")
     assert run.logprobs == sent_scores(CHUNKS)
     assert run.response["usage"]["output_tokens"] == CHUNKS[-1]["usage"]["completion_tokens"]
@@ -449,7 +283,7 @@ async def test_noise_between_chunks_is_ignored(upstream, launch, http, baseline,
 async def test_stream_ending_before_a_finish_fails(upstream, launch, http, baseline, frames: list[bytes], read: int) -> None:
     running = await launch()
     upstream.script(Reply(frames=frames))
-    run = await stream(http, running.url, BODY)
+    run = await checked_stream(http, running.url, BODY)
     assert run.terminal == "response.failed"
     assert run.events[-2]["code"] == "upstream_protocol_error"
     assert run.logprobs == sent_scores(CHUNKS[:read])
@@ -462,7 +296,7 @@ async def test_event_over_two_mib(upstream, launch, http, baseline) -> None:
     reasoning, text = "r" * (2 * 1024 * 1024 + 17), "t" * (2 * 1024 * 1024 + 5)
     gen = Generation([Step("reasoning", reasoning, [score("r")]), Step("text", text, [score("t")]), Step("finish", finish_reason="stop")])
     upstream.script(Reply(gen, write_size=8192))
-    run = await stream(http, running.url, BODY, seconds=30)
+    run = await checked_stream(http, running.url, BODY, seconds=30)
     assert run.terminal == "response.completed"
     assert run.text == text and run.of_type("reasoning")[0]["content"][0]["text"] == reasoning
     assert run.logprobs == sent_scores(gen.chunks())
@@ -475,8 +309,8 @@ async def test_one_byte_per_write(upstream, launch, http, baseline, dialect: str
     running = await launch()
     gen = Generation(turn(dialect).steps[:-1] + parallel_calls(dialect).steps, dialect=dialect)
     upstream.script(Reply(gen, write_size=1, line_ending="\r\n"), Reply(gen))
-    run = await stream(http, running.url, BODY, seconds=30)
-    whole = await stream(http, running.url, BODY)
+    run = await checked_stream(http, running.url, BODY, seconds=30)
+    whole = await checked_stream(http, running.url, BODY)
     assert run.terminal == "response.completed"
     assert (run.text, run.logprobs) == (whole.text, whole.logprobs) == ("Hello world", sent_scores(gen.chunks()))
     assert [(c["call_id"], c["arguments"]) for c in run.of_type("function_call")] == [
@@ -491,7 +325,7 @@ async def test_tool_call_id_only_on_first_fragment(upstream, launch, http, basel
     running = await launch()
     gen = parallel_calls(dialect)
     upstream.script(Reply(gen), Reply(gen))
-    run = await stream(http, running.url, {**BODY, "tools": TOOLS})
+    run = await checked_stream(http, running.url, {**BODY, "tools": TOOLS})
     assert run.terminal == "response.completed"
     calls = run.of_type("function_call")
     assert [(c["call_id"], c["name"], c["arguments"], c["status"]) for c in calls] == [
@@ -521,7 +355,7 @@ async def test_unknown_finish_reason_streaming(upstream, launch, http, baseline,
     running = await launch()
     gen = turn(dialect, finish=reason)
     upstream.script(Reply(gen))
-    run = await stream(http, running.url, BODY)
+    run = await checked_stream(http, running.url, BODY)
     assert (run.terminal, run.text) == ("response.completed", "Hello world")
     assert run.logprobs == sent_scores(gen.chunks())
     await settled(running, upstream, baseline)
