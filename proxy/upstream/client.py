@@ -80,6 +80,8 @@ class Exchange:
     async def drain(self) -> None:
         """Read what follows the end of a stream (SGLang sends finish and usage chunks even
         after an error frame), so that the connection can go back to the pool."""
+        if self.response.content.at_eof():
+            return
         try:
             async with asyncio.timeout(_DRAIN_TIMEOUT):
                 await self.response.read()
