@@ -18,6 +18,9 @@ DEFAULT_UPSTREAM = "http://127.0.0.1:30000"
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+# Chat request keys that the proxy decides for each call (DESIGN 3: the logprob echo must
+# match what was sent), so a route's defaults may not set them.
+_PROXY_KEYS = {"model", "messages", "stream", "stream_options", "logprobs", "top_logprobs"}
 _URL = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
 
 
@@ -200,6 +203,9 @@ def _check(config: Config) -> None:
         for j, url in enumerate(upstream.urls):
             if not _URL.match(url):
                 raise ConfigError(f"upstreams[{i}].urls[{j}]: not a URL: {url!r}")
+        decided = _PROXY_KEYS & upstream.defaults.keys()
+        if decided:
+            raise ConfigError(f"upstreams[{i}].defaults: {', '.join(sorted(decided))} set by the proxy, not by defaults")
         if upstream.api_key and upstream.api_key_env:
             raise ConfigError(f"upstreams[{i}]: give api_key or api_key_env, not both")
     for i, route in enumerate(config.routes):

@@ -16,7 +16,7 @@ class Runtime:
         self.config = config
         self.api_keys = config.auth.keys()
         self.clients = self._clients(config, {})
-        self._retiring: set[asyncio.Task] = set()
+        self._retiring: dict[UpstreamClient, asyncio.Task] = {}
 
     def route(self, model: str) -> tuple[Route, UpstreamClient] | None:
         """Resolve against one config: a request keeps what it got even if a reload follows."""
@@ -38,12 +38,13 @@ class Runtime:
         for client in old.values():
             if id(client) not in kept:
                 task = asyncio.create_task(client.close_when_idle())
-                self._retiring.add(task)
-                task.add_done_callback(self._retiring.discard)
+                self._retiring[client] = task
+                task.add_done_callback(lambda _, client=client: self._retiring.pop(client, None))
 
     async def close(self) -> None:
-        for task in self._retiring:
+        for client, task in list(self._retiring.items()):
             task.cancel()
+            await client.close()
         for client in self.clients.values():
             await client.close()
 

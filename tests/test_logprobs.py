@@ -37,6 +37,7 @@ ENTRIES = {
     "no bytes": {"token": "é", "logprob": -1.0, "top_logprobs": [{"token": "e", "logprob": -2.0}]},
     "no bytes on a top entry": {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": [{"token": "b", "logprob": -2.0}]},
     "token text that names a key": {"token": "bytes", "logprob": -1.0, "top_logprobs": []},
+    "token text null": {"token": "null", "logprob": -1.0, "bytes": [110, 117, 108, 108], "top_logprobs": [{"token": ":null", "logprob": -2.0, "bytes": [58, 110, 117, 108, 108]}]},
     "no top_logprobs": {"token": "a", "logprob": -1.0, "bytes": [97]},
     "top_logprobs null": {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": None},
 }

@@ -97,6 +97,7 @@ UP = {"name": "a", "urls": ["http://127.0.0.1:1"]}
         ({"upstreams": [UP], "log": {"level": "verbose"}}, "log.level: "),
         ({"upstreams": [UP], "max_body_bytes": 10}, "max_body_bytes: "),
         ({"upstreams": [UP], "listen": {"port": 70000}}, "listen.port: "),
+        ({"upstreams": [{**UP, "defaults": {"top_logprobs": 5, "logprobs": True}}]}, "upstreams[0].defaults: logprobs, top_logprobs set by the proxy"),
     ],
 )
 def test_config_errors_name_the_key(data: dict, where: str) -> None:

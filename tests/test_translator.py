@@ -284,3 +284,24 @@ def test_fail_mid_stream(k: int) -> None:
     # Nothing after the end, whatever comes.
     assert translator.feed(sse(CHUNKS[k:])) == b"" and translator.finish() == b"" and translator.fail(error) == b""
 
+
+
+def test_break_after_the_finish_completes_even_mid_frame() -> None:
+    """The connection breaks inside the usage frame that follows the finish: the generation
+    is whole, so the response completes with every score; the cut frame is not read."""
+    chunks = Generation(SEED).chunks()
+    cut = sse(chunks[:-1], done=False) + frame(chunks[-1])[:25]
+    translator, events = translate(plan(), [cut], finish=False)
+    stream = check_stream([*events, *parse_sse(translator.fail(UpstreamTimeout("gone")))])
+    assert stream.terminal == "response.completed"
+    assert stream.logprobs == sent_scores(chunks)
+
+
+def test_flat_sglang_error_body_as_a_frame_fails_with_its_message() -> None:
+    chunks = Generation(SEED).chunks()
+    flat = frame({"object": "error", "message": "context too long", "type": "BadRequestError", "param": None, "code": 400})
+    _, events = translate(plan(), [sse(chunks[:2], done=False) + flat])
+    stream = check_stream(events)
+    assert stream.terminal == "response.failed"
+    assert stream.events[-2]["message"] == stream.events[-1]["response"]["error"]["message"] == "context too long"
+    assert stream.logprobs == sent_scores(chunks[:2])

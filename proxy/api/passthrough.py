@@ -31,7 +31,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
             await response.write_eof()
         except ProxyError:
             # Headers are gone: the only honest signal left is a connection cut short.
-            request.transport.close()
+            if request.transport is not None:
+                request.transport.close()
         except ConnectionResetError:
             pass  # the client left; leaving the block closes the upstream request
     return response

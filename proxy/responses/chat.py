@@ -80,6 +80,10 @@ class Chunk(msgspec.Struct):
     choices: list[Choice] | None = None
     usage: Usage | None = None
     error: ErrorBody | None = None
+    # SGLang's flat error body `{"object": "error", "message", "code"}`, when it is a frame.
+    object: str | None = None
+    message: str | None = None
+    code: int | str | None = None
 
 
 decode_chunk = msgspec.json.Decoder(Chunk).decode

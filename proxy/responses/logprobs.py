@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import msgspec
 import orjson
 
@@ -13,6 +15,7 @@ SPEC_MAX_TOP_LOGPROBS = 20
 # SGLang writes a -inf score as null; the Responses schema needs a number.
 NULL_LOGPROB = -9999.0
 
+_NULL_VALUE = re.compile(rb":\s*null\b")
 _split = msgspec.json.Decoder(list[msgspec.Raw]).decode
 _decode = msgspec.json.Decoder(list[LogprobEntry]).decode
 
@@ -38,7 +41,7 @@ def response_logprobs(content: msgspec.Raw) -> list[orjson.Fragment]:
         entries = [bytes(entry) for entry in _split(data)]
         tokens = data.count(b'"token":')
         if (
-            b"null" not in data
+            (b"null" not in data or not _NULL_VALUE.search(data))  # a token may be "null"
             and data.count(b'"bytes":') == tokens
             and data.count(b'"logprob":') == tokens
             and data.count(b'"top_logprobs":') == len(entries)

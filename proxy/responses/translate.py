@@ -23,7 +23,7 @@ import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
 from ..upstream.sse import SSEDecoder
-from .chat import Chunk, Delta, ToolCallDelta, Usage, decode_chunk
+from .chat import Chunk, Delta, ErrorBody, ToolCallDelta, Usage, decode_chunk
 from .logprobs import response_logprobs
 from .request import Call
 
@@ -124,14 +124,15 @@ class ResponseTranslator:
     def fail(self, error: ProxyError) -> bytes:
         """The upstream broke off. A generation that already finished still completes: only
         the usage chunk or `[DONE]` was lost."""
-        if self._finish_reason is not None:
-            return self.finish()
         if not self.done:
-            self._fail(error)
+            # A frame cut short by the break is not decoded: it can only be usage or [DONE].
+            self._end() if self._finish_reason is not None else self._fail(error)
         return self._flush()
 
     def apply(self, chunk: Chunk) -> None:
         """One decoded chunk (or a whole non-streaming completion)."""
+        if chunk.object == "error":  # SGLang's flat error body, sent as a frame
+            chunk.error = ErrorBody(chunk.message or "", chunk.code)
         if chunk.error is not None:
             code = chunk.error.code
             message = chunk.error.message.strip() or "the upstream reported an error"
@@ -241,7 +242,7 @@ class ResponseTranslator:
                 "arguments": "",
             }
         )
-        item.parts = call.arguments
+        item.parts = call.arguments  # one list: fragments that come later are the item's too
         # Fragments that came before the id and name were known.
         if call.arguments:
             self._emit("response.function_call_arguments.delta", **item.at, delta="".join(call.arguments))

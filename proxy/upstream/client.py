@@ -62,6 +62,7 @@ class Exchange:
         self._timer: asyncio.TimerHandle | None = None
 
     async def read_body(self) -> bytes:
+        """A whole non-streaming body: generated before it is sent, so it gets `first_byte`."""
         return await self._client._guard(self.response.read(), self._client.config.timeouts.first_byte, self._deadline)
 
     async def read_chunk(self) -> bytes:
@@ -88,7 +89,7 @@ class Exchange:
         except (aiohttp.ClientError, TimeoutError):
             pass  # release() then closes the connection instead of pooling it
 
-    def close(self) -> None:
+    def stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
 
@@ -103,12 +104,17 @@ class Exchange:
         spent writing to a slow client is not upstream idleness, so only a pending read counts."""
         now = loop.time()
         waiting = self._waiting_since
-        idle = self._client.config.timeouts.idle
-        if waiting is not None and (now - waiting >= idle or (self._deadline is not None and now >= self._deadline)):
-            self.response.content.set_exception(self._client._failure("timeout", UpstreamTimeout, f"sent nothing for {idle:g} s"))
-            self._timer = None
+        timeouts = self._client.config.timeouts
+        if self._deadline is not None and now >= self._deadline:
+            detail = f"did not finish within {timeouts.total:g} s"
+        elif waiting is not None and now - waiting >= timeouts.idle:
+            detail = f"sent nothing for {timeouts.idle:g} s"
         else:
             self._arm(loop, now if waiting is None else waiting)
+            return
+        # The pending read, or the next one, raises it.
+        self.response.content.set_exception(self._client._failure("timeout", UpstreamTimeout, detail))
+        self._timer = None
 
 
 class UpstreamClient:
@@ -170,7 +176,7 @@ class UpstreamClient:
                 try:
                     yield exchange
                 finally:
-                    exchange.close()
+                    exchange.stop_timer()
             finally:
                 response.release()
                 replica.outstanding -= 1
@@ -243,7 +249,7 @@ class UpstreamClient:
             async with asyncio.timeout(self.config.timeouts.connect):
                 async with self._session.get(replica.url + path) as response:
                     replica.healthy = response.status < 400
-        except (aiohttp.ClientError, TimeoutError):
+        except Exception:  # whatever the failure, the replica is down and the probe goes on
             replica.healthy = False
         if replica.healthy:
             replica.ejected_until = 0.0
