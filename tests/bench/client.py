@@ -8,8 +8,9 @@ to a callback once per socket read, as the decoded pieces that read completed.
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Callable
+
+from .upstream import no_delay
 
 OnRead = Callable[[list[bytes]], None]
 
@@ -24,9 +25,7 @@ class _Connection(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        no_delay(transport)
 
     def connection_lost(self, exc) -> None:
         self.transport = None

@@ -30,6 +30,13 @@ _WORDS = [" the", " quick", " brown", " fox", " jumps", " over", " a", " lazy", 
 _SLOTS = 10  # a pace's interval is split in this many timer slots
 
 
+def no_delay(transport: asyncio.Transport) -> None:
+    """Small writes go out at once, as aiohttp does for its own sockets."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 @dataclass(frozen=True)
 class Knobs:
     n: int = 64  # text chunks
@@ -124,9 +131,7 @@ class Conn(asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
-        sock = transport.get_extra_info("socket")
-        if sock is not None:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        no_delay(transport)
 
     def connection_lost(self, exc) -> None:
         self._end()
