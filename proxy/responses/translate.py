@@ -74,7 +74,7 @@ class ResponseTranslator:
         self._message: _Item | None = None
         self._generating: _Item | None = None  # the item the last generated token went to
         self._calls: dict[int, _ToolCall] = {}
-        self._scores: list[dict] = []
+        self._scores: list[orjson.Fragment] = []
         self._delivered = 0
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
@@ -124,19 +124,22 @@ class ResponseTranslator:
     def fail(self, error: ProxyError) -> bytes:
         """The upstream broke off. A generation that already finished still completes: only
         the usage chunk or `[DONE]` was lost."""
-        if not self.done:
-            # A frame cut short by the break is not decoded: it can only be usage or [DONE].
-            self._end() if self._finish_reason is not None else self._fail(error)
+        if self.done:
+            return b""
+        if self._finish_reason is None:
+            self._fail(error)
+        else:
+            self._end()  # a frame cut short by the break is left unread: usage or [DONE]
         return self._flush()
 
     def apply(self, chunk: Chunk) -> None:
         """One decoded chunk (or a whole non-streaming completion)."""
-        if chunk.object == "error":  # SGLang's flat error body, sent as a frame
-            chunk.error = ErrorBody(chunk.message or "", chunk.code)
-        if chunk.error is not None:
-            code = chunk.error.code
-            message = chunk.error.message.strip() or "the upstream reported an error"
-            self._fail(UpstreamError(code if isinstance(code, int) else 500, message))
+        error = chunk.error
+        if error is None and chunk.object == "error":  # SGLang's flat error body, as a frame
+            error = ErrorBody(chunk.message or "", chunk.code)
+        if error is not None:
+            message = error.message.strip() or "the upstream reported an error"
+            self._fail(UpstreamError(error.code if isinstance(error.code, int) else 500, message))
             return
         if chunk.usage is not None:
             self._usage = chunk.usage
@@ -361,7 +364,7 @@ class ResponseTranslator:
         }
 
     @staticmethod
-    def _text_part(text: str, logprobs: list[dict]) -> dict:
+    def _text_part(text: str, logprobs: list[orjson.Fragment]) -> dict:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
     def _emit_part(self, event: str, item: _Item, part: dict) -> None:
