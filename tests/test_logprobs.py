@@ -12,9 +12,14 @@ from proxy.errors import UpstreamProtocolError
 from proxy.responses.logprobs import NULL_LOGPROB, effective_top_logprobs, response_logprobs
 
 
+def raw_entries(content: bytes) -> list[msgspec.Raw]:
+    """The `logprobs.content` array as the chunk decoder hands it over."""
+    return msgspec.json.decode(content, type=list[msgspec.Raw])
+
+
 def mapped(entries: list[dict], *, compact: bool = True) -> list[dict]:
     raw = orjson.dumps(entries) if compact else json.dumps(entries).encode()  # json: `"key": value`
-    return orjson.loads(orjson.dumps(response_logprobs(msgspec.Raw(raw))))
+    return orjson.loads(orjson.dumps(response_logprobs(raw_entries(raw))))
 
 
 def expected(entry: dict) -> dict:
@@ -54,10 +59,10 @@ def test_one_entry_to_map_among_many_keeps_them_all_in_order() -> None:
     assert mapped(entries) == [expected(entry) for entry in entries]
 
 
-@pytest.mark.parametrize("content", [b"[[1, 2]]", b"[1]", b"{}", b'[{"logprob": -1}]'])
+@pytest.mark.parametrize("content", [b"[[1, 2]]", b"[1]", b'["token"]', b'[{"logprob": -1}]'])
 def test_content_that_is_not_a_list_of_entries_is_a_protocol_error(content: bytes) -> None:
     with pytest.raises(UpstreamProtocolError):
-        response_logprobs(msgspec.Raw(content))
+        response_logprobs(raw_entries(content))
 
 
 @pytest.mark.parametrize(("requested", "cap", "sent"), [(None, 20, 0), (5, 20, 5), (21, 20, 20), (10**9, 20, 20), (7, 3, 3)])

@@ -11,43 +11,43 @@ from __future__ import annotations
 import msgspec
 
 
-class TopLogprob(msgspec.Struct):
+class TopLogprob(msgspec.Struct, gc=False):
     token: str
     logprob: float | None = None
     bytes: list[int] | None = None
 
 
-class LogprobEntry(msgspec.Struct):
+class LogprobEntry(msgspec.Struct, gc=False):
     token: str
     logprob: float | None = None
     bytes: list[int] | None = None
     top_logprobs: list[TopLogprob] | None = None
 
 
-class ChoiceLogprobs(msgspec.Struct):
+class ChoiceLogprobs(msgspec.Struct, gc=False):
     # Kept as the upstream's own bytes: most scores reach the client as they came.
-    content: msgspec.Raw = msgspec.Raw(b"null")  # (msgspec has no `Raw | None`)
+    content: list[msgspec.Raw] | None = None
 
 
-class FunctionDelta(msgspec.Struct):
+class FunctionDelta(msgspec.Struct, gc=False):
     name: str | None = None
     arguments: str | None = None
 
 
-class ToolCallDelta(msgspec.Struct):
+class ToolCallDelta(msgspec.Struct, gc=False):
     index: int | None = None
     id: str | None = None
     function: FunctionDelta | None = None
 
 
-class Delta(msgspec.Struct):
+class Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 
-class Choice(msgspec.Struct):
+class Choice(msgspec.Struct, gc=False):
     index: int = 0
     delta: Delta | None = None
     message: Delta | None = None
@@ -55,15 +55,15 @@ class Choice(msgspec.Struct):
     finish_reason: str | None = None
 
 
-class PromptTokensDetails(msgspec.Struct):
+class PromptTokensDetails(msgspec.Struct, gc=False):
     cached_tokens: int | None = None
 
 
-class CompletionTokensDetails(msgspec.Struct):
+class CompletionTokensDetails(msgspec.Struct, gc=False):
     reasoning_tokens: int | None = None
 
 
-class Usage(msgspec.Struct):
+class Usage(msgspec.Struct, gc=False):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     prompt_tokens_details: PromptTokensDetails | None = None
@@ -71,12 +71,12 @@ class Usage(msgspec.Struct):
     reasoning_tokens: int | None = None  # SGLang reports it here, not in the details
 
 
-class ErrorBody(msgspec.Struct):
+class ErrorBody(msgspec.Struct, gc=False):
     message: str = "upstream error"
     code: int | str | None = None
 
 
-class Chunk(msgspec.Struct):
+class Chunk(msgspec.Struct, gc=False):
     choices: list[Choice] | None = None
     usage: Usage | None = None
     error: ErrorBody | None = None

@@ -16,8 +16,7 @@ SPEC_MAX_TOP_LOGPROBS = 20
 NULL_LOGPROB = -9999.0
 
 _NULL_VALUE = re.compile(rb":\s*null\b")
-_split = msgspec.json.Decoder(list[msgspec.Raw]).decode
-_decode = msgspec.json.Decoder(list[LogprobEntry]).decode
+_decode = msgspec.json.Decoder(LogprobEntry).decode
 
 
 def effective_top_logprobs(requested: int | None, cap: int) -> int:
@@ -25,30 +24,28 @@ def effective_top_logprobs(requested: int | None, cap: int) -> int:
     return min(requested or 0, cap)
 
 
-def response_logprobs(content: msgspec.Raw) -> list[orjson.Fragment]:
+def response_logprobs(content: list[msgspec.Raw]) -> list[orjson.Fragment]:
     """A chat `logprobs.content` array as Responses `output_text.logprobs` entries, each
     encoded (scores are only ever written out, so they are kept as JSON).
 
     A chat entry and a Responses entry have the same four keys, so when every entry and every
     alternative has all of them and nothing is null (what SGLang and vLLM send, compactly)
     the entries pass through as they came: on the hottest path of the proxy a score costs a
-    copy, not six dicts. Any other array is decoded and mapped entry by entry.
+    copy, not six dicts. Any other array is decoded and mapped entry by entry. (An entry that
+    is not an object has no `top_logprobs` key: it fails the count and the decoder refuses it.)
     """
-    data = bytes(content)
-    if data == b"null":
-        return []
+    entries = [bytes(entry) for entry in content]
+    data = entries[0] if len(entries) == 1 else b",".join(entries)
+    tokens = data.count(b'"token":')
+    if (
+        (b"null" not in data or not _NULL_VALUE.search(data))  # a token may be "null"
+        and data.count(b'"bytes":') == tokens
+        and data.count(b'"logprob":') == tokens
+        and data.count(b'"top_logprobs":') == len(entries)
+    ):
+        return [orjson.Fragment(entry) for entry in entries]
     try:
-        entries = [bytes(entry) for entry in _split(data)]
-        tokens = data.count(b'"token":')
-        if (
-            (b"null" not in data or not _NULL_VALUE.search(data))  # a token may be "null"
-            and data.count(b'"bytes":') == tokens
-            and data.count(b'"logprob":') == tokens
-            and data.count(b'"top_logprobs":') == len(entries)
-            and all(entry[:1] == b"{" for entry in entries)
-        ):
-            return [orjson.Fragment(entry) for entry in entries]
-        return [orjson.Fragment(orjson.dumps(_mapped(entry))) for entry in _decode(data)]
+        return [orjson.Fragment(orjson.dumps(_mapped(_decode(entry)))) for entry in entries]
     except msgspec.MsgspecError as exc:
         raise UpstreamProtocolError(f"unreadable upstream logprobs: {exc}") from None
 

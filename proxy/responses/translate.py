@@ -146,7 +146,7 @@ class ResponseTranslator:
         for choice in chunk.choices or ():
             if choice.index != 0:
                 continue
-            if self._logprobs and choice.logprobs is not None:
+            if self._logprobs and choice.logprobs is not None and choice.logprobs.content:
                 self._scores += response_logprobs(choice.logprobs.content)
             delta = choice.delta or choice.message
             if delta is not None:
