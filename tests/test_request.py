@@ -168,6 +168,20 @@ def test_reasoning_before_a_tool_call():
     ]
 
 
+@pytest.mark.parametrize("field", ["reasoning_content", None])
+def test_reasoning_only_turn_keeps_its_reasoning(field):
+    """A replayed reasoning-only answer: its reasoning stays with that turn, never with the
+    next assistant turn; reasoning with no turn after it is dropped."""
+    items = [msg("user", "q1"), reasoning("alone"), msg("user", "q2"), msg("assistant", "a2"), reasoning("trailing")]
+    turn = [{"role": "assistant", "content": "", field: "alone"}] if field else []
+    assert messages(items, reasoning_field=field) == [
+        {"role": "user", "content": "q1"},
+        *turn,
+        {"role": "user", "content": "q2"},
+        {"role": "assistant", "content": "a2"},
+    ]
+
+
 def test_reasoning_dropped_when_upstream_takes_none():
     items = [reasoning("think"), msg("assistant", "answer")]
     assert messages(items, reasoning_field=None) == [{"role": "assistant", "content": "answer"}]

@@ -344,6 +344,14 @@ def _messages(request: CreateResponse, reasoning_field: str | None) -> list[dict
         reasoning.clear()
         return last
 
+    def add(message: dict) -> None:
+        """A user, system or tool message. Reasoning still pending ended the turn before it
+        (a reasoning-only answer): it stays with that turn, not with a later one."""
+        if reasoning and reasoning_field:
+            assistant().setdefault("content", "")
+        reasoning.clear()
+        messages.append(message)
+
     for item in request.input:
         if isinstance(item, Message) and item.role == "assistant":
             target = assistant()
@@ -351,12 +359,12 @@ def _messages(request: CreateResponse, reasoning_field: str | None) -> list[dict
         elif isinstance(item, Message):
             # `developer` is the Responses name for what chat templates know as `system`.
             role = "system" if item.role == "developer" else item.role
-            messages.append({"role": role, "content": _chat_content(item.content)})
+            add({"role": role, "content": _chat_content(item.content)})
         elif isinstance(item, FunctionCall):
             call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
             assistant().setdefault("tool_calls", []).append(call)
         elif isinstance(item, FunctionCallOutput):
-            messages.append({"role": "tool", "tool_call_id": item.call_id, "content": _part_text(item.output)})
+            add({"role": "tool", "tool_call_id": item.call_id, "content": _part_text(item.output)})
         else:
             reasoning.extend(part.text for part in (item.content or item.summary))
     return messages
