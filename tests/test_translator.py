@@ -190,8 +190,10 @@ def test_function_call_opens_once_id_and_name_are_known(dialect: str, head: list
         ([Step("reasoning", "hm"), Step("text", "Hi")], "message"),
         ([Step("reasoning", "hm"), Step("text", "Hi"), Step("tool", '{"a', tool_id="c1", tool_name="f")], "function_call"),
         ([Step("reasoning", "hm")], "reasoning"),
+        # A call whose id never came becomes an item only at the end: still the one cut.
+        ([Step("text", "Hi"), Step("tool", '{"a', tool_name="f")], "function_call"),
     ],
-    ids=["cut-in-text", "cut-in-tool-call", "cut-in-reasoning"],
+    ids=["cut-in-text", "cut-in-tool-call", "cut-in-reasoning", "cut-in-call-without-id"],
 )
 def test_cut_short_is_incomplete(steps: list[Step], cut: str, finish: tuple[str, str]) -> None:
     """DESIGN 4: the item being generated when the cut came is `incomplete`, every other

@@ -72,7 +72,8 @@ class ResponseTranslator:
         self._output: list[dict] = []
         self._current: _Item | None = None  # the open reasoning or function_call item
         self._message: _Item | None = None
-        self._generating: _Item | None = None  # the item the last generated token went to
+        # What the last generated token went to: an item, or a tool call still waiting for its id.
+        self._generating: _Item | _ToolCall | None = None
         self._calls: dict[int, _ToolCall] = {}
         self._scores: list[orjson.Fragment] = []
         self._delivered = 0
@@ -215,8 +216,7 @@ class ResponseTranslator:
                     self._emit("response.function_call_arguments.delta", **call.item.at, delta=function.arguments)
         if call.item is None and call.call_id and call.name:
             self._open_call(call)
-        if call.item is not None:
-            self._generating = call.item
+        self._generating = call.item or call
 
     # -- items -----------------------------------------------------------------------------
 
@@ -284,12 +284,13 @@ class ResponseTranslator:
         item.item["status"] = status
         self._emit("response.output_item.done", output_index=item.index, item=item.item)
 
-    def _close_all(self, cut: _Item | None, default: str) -> None:
+    def _close_all(self, cut: _Item | _ToolCall | None, default: str) -> None:
         """Close every open item; `cut` (the item generated when the stream stopped) gets
         `incomplete`, the others `default`."""
 
         def status(item: _Item | None) -> str:
-            return "incomplete" if item is cut and item is not None else default
+            at_cut = item is cut or (isinstance(cut, _ToolCall) and item is cut.item)
+            return "incomplete" if item is not None and at_cut else default
 
         self._close_current(status(self._current))
         for call in self._calls.values():
