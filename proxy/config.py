@@ -130,9 +130,13 @@ def resolve(config: Config, model: str) -> Route | None:
         return Route(config.upstreams[0], model, "*")
     for route in config.routes:
         if route.model == model or fnmatch.fnmatchcase(model, route.model):
-            upstream = next(u for u in config.upstreams if u.name == route.upstream)
+            upstream = _upstream(config, route.upstream)
             return Route(upstream, route.rewrite_model or model, route.model)
     return None
+
+
+def _upstream(config: Config, name: str) -> UpstreamConfig:
+    return next(upstream for upstream in config.upstreams if upstream.name == name)
 
 
 def served_models(config: Config) -> list[str]:
@@ -143,7 +147,7 @@ def describe(config: Config) -> str:
     """The resolved routes, one line each, as `--check-config` prints them."""
     lines = []
     for route in config.routes or [RouteConfig(model="*", upstream=config.upstreams[0].name)]:
-        upstream = next(u for u in config.upstreams if u.name == route.upstream)
+        upstream = _upstream(config, route.upstream)
         target = f" as {route.rewrite_model}" if route.rewrite_model else ""
         lines.append(f"{route.model} -> {upstream.name}{target} [{', '.join(upstream.urls)}]")
     return "\n".join(lines)

@@ -230,18 +230,24 @@ GARBAGE = [
 ]
 
 
+async def fails_unreadable(http, running, upstream, baseline, *, read: int) -> None:
+    """The stream fails as unreadable, with the scores of the `read` chunks that came before;
+    nothing is left over and the proxy goes on serving."""
+    run = await checked_stream(http, running.url, BODY)
+    assert run.terminal == "response.failed"
+    assert run.events[-2]["code"] == "upstream_protocol_error"
+    assert run.logprobs == sent_scores(CHUNKS[:read])
+    await settled(running, upstream, baseline)
+    await healthy(http, running, upstream)
+
+
 @pytest.mark.parametrize("at", [1, 4, FINISH + 1])
 @pytest.mark.parametrize("garbage", GARBAGE)
 async def test_unreadable_data_fails_the_stream(upstream, launch, http, baseline, garbage: bytes, at: int) -> None:
     running = await launch()
     frames = framed(CHUNKS)
     upstream.script(Reply(frames=[*frames[:at], garbage, *frames[at:], DONE]))
-    run = await checked_stream(http, running.url, BODY)
-    assert run.terminal == "response.failed"
-    assert run.events[-2]["code"] == "upstream_protocol_error"
-    assert run.logprobs == sent_scores(CHUNKS[:at])
-    await settled(running, upstream, baseline)
-    await healthy(http, running, upstream)
+    await fails_unreadable(http, running, upstream, baseline, read=at)
 
 
 @pytest.mark.parametrize(
@@ -283,12 +289,7 @@ async def test_noise_between_chunks_is_ignored(upstream, launch, http, baseline,
 async def test_stream_ending_before_a_finish_fails(upstream, launch, http, baseline, frames: list[bytes], read: int) -> None:
     running = await launch()
     upstream.script(Reply(frames=frames))
-    run = await checked_stream(http, running.url, BODY)
-    assert run.terminal == "response.failed"
-    assert run.events[-2]["code"] == "upstream_protocol_error"
-    assert run.logprobs == sent_scores(CHUNKS[:read])
-    await settled(running, upstream, baseline)
-    await healthy(http, running, upstream)
+    await fails_unreadable(http, running, upstream, baseline, read=read)
 
 
 async def test_event_over_two_mib(upstream, launch, http, baseline) -> None:

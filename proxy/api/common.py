@@ -19,14 +19,15 @@ async def read_body(request: web.Request) -> bytes:
             f"Content-Type must be application/json, not {request.content_type}.", code="unsupported_media_type", status=415
         )
     limit = request.app[RUNTIME].config.max_body_bytes
+    too_large = PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     if (request.content_length or 0) > limit:
-        raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+        raise too_large
     pieces, size = [], 0
     try:
         async for piece in request.content.iter_any():
             size += len(piece)
             if size > limit:
-                raise PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+                raise too_large
             pieces.append(piece)
     except web.RequestPayloadError:  # a broken chunked or compressed body
         raise InvalidRequest("The request body could not be read: its transfer or content encoding is broken.") from None

@@ -6,15 +6,13 @@ import orjson
 from aiohttp import web
 
 from ..errors import InvalidRequest, ProxyError
+from ..responses.request import load_json
 from .common import read_body, route, upstream_headers
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError as exc:
-        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+    data = load_json(body)
     model = data.get("model") if isinstance(data, dict) else None
     if not isinstance(model, str):
         raise InvalidRequest("'model' must be a string.", param="model")

@@ -332,6 +332,8 @@ class ResponseTranslator:
         response["usage"] = self._usage_object()
         self.response = response
         self._emit(event, response=response)
+        if self._streaming:
+            self._events.append(_SSE_DONE)
 
     # -- building events -------------------------------------------------------------------
 
@@ -378,8 +380,6 @@ class ResponseTranslator:
         fields["sequence_number"] = self._sequence
         self._sequence += 1
         self._events.append(b"event: " + event.encode() + b"\ndata: " + orjson.dumps(fields) + b"\n\n")
-        if self.response is not None:
-            self._events.append(_SSE_DONE)
 
     def _flush(self) -> bytes:
         data = b"".join(self._events)
