@@ -4,7 +4,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/proxy.yaml
 
-.PHONY: run test bench check-config clean
+.PHONY: run test test-core lint bench check-config clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -15,8 +15,16 @@ $(STAMP): setup.cfg pyproject.toml
 run: $(STAMP)
 	$(BIN)/responses-proxy --config $(CONFIG)
 
-test: $(STAMP)
+test: lint
 	$(BIN)/python -m pytest
+
+# The sans-I/O core alone (request planning, SSE, scores, the translator): seconds.
+test-core: $(STAMP)
+	$(BIN)/python -m pytest tests/core
+
+lint: $(STAMP)
+	$(BIN)/mypy
+	$(BIN)/ruff check proxy tests
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench

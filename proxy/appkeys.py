@@ -6,4 +6,4 @@ from .runtime import Runtime
 
 RUNTIME = web.AppKey("runtime", Runtime)
 REQUEST_ID = web.RequestKey("request_id", str)
-ROUTE = web.RequestKey("route", str)  # the matched route's pattern, a metrics label
+MODEL_PATTERN = web.RequestKey("model_pattern", str)  # the matched route's pattern, a metrics label

@@ -11,6 +11,9 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+from types import FrameType
+
+from aiohttp import web
 
 from . import config as config_module
 from . import logs
@@ -65,7 +68,7 @@ async def run(args: argparse.Namespace, config: Config) -> None:
     await runner.cleanup()
 
 
-def reload(args: argparse.Namespace, app) -> None:
+def reload(args: argparse.Namespace, app: web.Application) -> None:
     """SIGHUP: take the new file whole, or keep the old config and say why."""
     try:
         config = load_config(args)
@@ -118,11 +121,11 @@ def _run_workers(args: argparse.Namespace, config: Config) -> int:
 
     stopping = False
 
-    def forward(sig: int, _frame=None) -> None:
+    def forward(sig: int, _frame: FrameType | None = None) -> None:
         nonlocal stopping
         stopping = stopping or sig != signal.SIGHUP
         for worker in workers:
-            if worker.is_alive():
+            if worker.pid is not None and worker.is_alive():
                 os.kill(worker.pid, sig)
 
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):

@@ -12,14 +12,13 @@ import msgspec
 import yaml
 
 from .responses.logprobs import SPEC_MAX_TOP_LOGPROBS
-from .responses.request import Upstream
 
 DEFAULT_UPSTREAM = "http://127.0.0.1:30000"
 
 Seconds = Annotated[float, msgspec.Meta(gt=0)]
 _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-# Chat request keys that the proxy decides for each call (DESIGN 3: the logprob echo must
-# match what was sent), so a route's defaults may not set them.
+# Chat request keys that the proxy decides for each call (design.md 3.3: the logprob echo must
+# match what was sent), so an upstream's defaults may not set them.
 _PROXY_KEYS = {"model", "messages", "stream", "stream_options", "logprobs", "top_logprobs"}
 _URL = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
 
@@ -32,12 +31,12 @@ class _Section(msgspec.Struct, forbid_unknown_fields=True, frozen=True):
     pass
 
 
-class Listen(_Section):
+class Listen(_Section, frozen=True):
     host: str = "0.0.0.0"
     port: Annotated[int, msgspec.Meta(ge=0, le=65535)] = 8080
 
 
-class Timeouts(_Section):
+class Timeouts(_Section, frozen=True):
     connect: Seconds = 5.0
     # Prefill of a long prompt on a busy server can take minutes before the first token.
     first_byte: Seconds = 600.0
@@ -45,14 +44,14 @@ class Timeouts(_Section):
     total: Seconds | None = None
 
 
-class HealthCheck(_Section):
+class HealthCheck(_Section, frozen=True):
     """Active probing: a replica that fails it leaves the pool until it passes again."""
 
     path: str = "/health"
     interval: Seconds = 5.0
 
 
-class UpstreamConfig(_Section):
+class Upstream(_Section, frozen=True):
     name: Annotated[str, msgspec.Meta(min_length=1)]
     urls: Annotated[list[str], msgspec.Meta(min_length=1)]
     api_key: str | None = None
@@ -73,13 +72,13 @@ class UpstreamConfig(_Section):
         return os.environ.get(self.api_key_env) if self.api_key_env else self.api_key
 
 
-class RouteConfig(_Section):
+class Route(_Section, frozen=True):
     model: Annotated[str, msgspec.Meta(min_length=1)]  # exact name or glob (`qwen-*`, `*`)
     upstream: str
     rewrite_model: str | None = None
 
 
-class Auth(_Section):
+class Auth(_Section, frozen=True):
     """Client API keys accepted as `Authorization: Bearer`; none configured, none asked for."""
 
     api_keys: list[str] = []
@@ -90,14 +89,14 @@ class Auth(_Section):
         return frozenset(self.api_keys) | {key.strip() for key in from_env.split(",") if key.strip()}
 
 
-class Log(_Section):
+class Log(_Section, frozen=True):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
 
 
-class Config(_Section):
-    upstreams: Annotated[list[UpstreamConfig], msgspec.Meta(min_length=1)]
-    routes: list[RouteConfig] = []
+class Config(_Section, frozen=True):
+    upstreams: Annotated[list[Upstream], msgspec.Meta(min_length=1)]
+    routes: list[Route] = []
     listen: Listen = Listen()
     auth: Auth = Auth()
     log: Log = Log()
@@ -106,36 +105,26 @@ class Config(_Section):
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0
 
 
-class Route(msgspec.Struct, frozen=True):
-    """A request's model resolved: which upstream serves it, under which model name."""
+class Target(msgspec.Struct, frozen=True):
+    """A request's model resolved by the routes: which upstream serves it, under which name."""
 
-    upstream: UpstreamConfig
+    upstream: Upstream
     model: str
-    pattern: str  # the route's model pattern: a label of bounded cardinality for metrics
-
-    def translation(self) -> Upstream:
-        upstream = self.upstream
-        return Upstream(
-            model=self.model,
-            max_top_logprobs=upstream.max_top_logprobs,
-            logprobs=upstream.logprobs,
-            reasoning_field=None if upstream.reasoning_field == "none" else upstream.reasoning_field,
-            defaults=upstream.defaults,
-        )
+    pattern: str  # the matching route's model pattern: a label of bounded cardinality for metrics
 
 
-def resolve(config: Config, model: str) -> Route | None:
+def resolve(config: Config, model: str) -> Target | None:
     """The first route whose pattern matches `model`; with no routes, the first upstream serves all."""
     if not config.routes:
-        return Route(config.upstreams[0], model, "*")
+        return Target(config.upstreams[0], model, "*")
     for route in config.routes:
         if route.model == model or fnmatch.fnmatchcase(model, route.model):
             upstream = _upstream(config, route.upstream)
-            return Route(upstream, route.rewrite_model or model, route.model)
+            return Target(upstream, route.rewrite_model or model, route.model)
     return None
 
 
-def _upstream(config: Config, name: str) -> UpstreamConfig:
+def _upstream(config: Config, name: str) -> Upstream:
     return next(upstream for upstream in config.upstreams if upstream.name == name)
 
 
@@ -146,7 +135,7 @@ def served_models(config: Config) -> list[str]:
 def describe(config: Config) -> str:
     """The resolved routes, one line each, as `--check-config` prints them."""
     lines = []
-    for route in config.routes or [RouteConfig(model="*", upstream=config.upstreams[0].name)]:
+    for route in config.routes or [Route(model="*", upstream=config.upstreams[0].name)]:
         upstream = _upstream(config, route.upstream)
         target = f" as {route.rewrite_model}" if route.rewrite_model else ""
         lines.append(f"{route.model} -> {upstream.name}{target} [{', '.join(upstream.urls)}]")
@@ -189,7 +178,7 @@ def _expand_env(value: Any, path: str) -> Any:
         return [_expand_env(item, f"{path}[{i}]") for i, item in enumerate(value)]
     if isinstance(value, str) and "${" in value:
 
-        def lookup(match: re.Match) -> str:
+        def lookup(match: re.Match[str]) -> str:
             name = match[1]
             if name not in os.environ:
                 raise ConfigError(f"{path.removeprefix('$.')}: environment variable {name} is not set")

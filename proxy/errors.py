@@ -1,10 +1,30 @@
-"""One exception type per failure kind; each knows its HTTP status and OpenAI envelope.
+"""The proxy's errors: one class per failure kind, each knowing its HTTP status, its OpenAI
+`type` and its `code` (design.md 5.5).
 
-Raised anywhere (request parsing, routing, the upstream client) and rendered in one place:
-the server's error middleware for plain responses, the stream translator once streaming.
+    ProxyError                      500  server_error
+    ├── InvalidRequest              400  invalid_request_error     the client's request is at fault
+    │   ├── Unauthorized            401  invalid_api_key
+    │   ├── NotFound                404  not_found
+    │   ├── MethodNotAllowed        405  method_not_allowed
+    │   ├── PayloadTooLarge         413  request_too_large
+    │   ├── UnsupportedMediaType    415  unsupported_media_type
+    │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
+    │   └── TooManyRequests         429  rate_limit_exceeded       (an upstream's own 429)
+    └── UpstreamError               502  server_error              the upstream failed us
+        ├── UpstreamUnreachable     502  upstream_unreachable      the connection broke
+        │   └── UpstreamNotReached  502  upstream_unreachable      ...before the request left:
+        │                                                          safe to try another replica
+        ├── UpstreamProtocolError   502  upstream_protocol_error   an answer we cannot read
+        └── UpstreamTimeout         504  upstream_timeout
+
+Raised anywhere (request parsing, routing, the upstream client, the translator) and rendered
+in one place: the server's error middleware for plain answers, the translator once a stream
+has begun. An upstream's own 4xx keeps its status (`rejected_by_upstream`).
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 
 class ProxyError(Exception):
@@ -12,21 +32,20 @@ class ProxyError(Exception):
     type = "server_error"
     code: str | None = "server_error"
 
-    def __init__(self, message: str, *, param: str | None = None, code: str | None = None, status: int | None = None):
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
         self.message = message
         self.param = param
         if code is not None:
             self.code = code
-        if status is not None:
-            self.status = status
 
     @property
     def response_code(self) -> str:
-        """The code on a failed Response's `error`, which takes only the API's own values."""
+        """The code on a failed Response's `error`, which takes only the API's own values
+        (design.md 5.6)."""
         return "invalid_prompt" if self.status < 500 else "server_error"
 
-    def envelope(self) -> dict:
+    def envelope(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 
 
@@ -46,36 +65,66 @@ class NotFound(InvalidRequest):
     code = "not_found"
 
 
+class MethodNotAllowed(InvalidRequest):
+    status = 405
+    code = "method_not_allowed"
+
+
 class PayloadTooLarge(InvalidRequest):
     status = 413
     code = "request_too_large"
 
 
+class UnsupportedMediaType(InvalidRequest):
+    status = 415
+    code = "unsupported_media_type"
+
+
+class UnprocessableEntity(InvalidRequest):
+    status = 422
+
+
+class TooManyRequests(InvalidRequest):
+    status = 429
+    code = "rate_limit_exceeded"
+
+
 class UpstreamError(ProxyError):
-    """The upstream reported an error: a 4xx keeps its status (the request was at fault),
-    anything else is the gateway's 502."""
+    """The upstream failed: a 5xx, an aborted generation, or one of the kinds below."""
 
     status = 502
 
-    def __init__(self, status: int, message: str, *, param: str | None = None):
-        client_fault = 400 <= status < 500
-        super().__init__(message, param=param, status=status if client_fault else None)
-        if client_fault:
-            self.type = self.code = "invalid_request_error"
 
-
-class UpstreamUnreachable(ProxyError):
-    status = 502
+class UpstreamUnreachable(UpstreamError):
     code = "upstream_unreachable"
 
 
-class UpstreamProtocolError(ProxyError):
+class UpstreamNotReached(UpstreamUnreachable):
+    """The request never reached the replica (connection refused, connect timeout): the one
+    failure after which another replica may be tried without running a generation twice."""
+
+
+class UpstreamProtocolError(UpstreamError):
     """The upstream sent something that is not a chat completion (or chunk) we can read."""
 
-    status = 502
     code = "upstream_protocol_error"
 
 
-class UpstreamTimeout(ProxyError):
+class UpstreamTimeout(UpstreamError):
     status = 504
     code = "upstream_timeout"
+
+
+# An upstream's own client errors, by status; any other 4xx is reported as a 400.
+_REJECTIONS: dict[int, type[InvalidRequest]] = {
+    cls.status: cls for cls in (InvalidRequest, NotFound, PayloadTooLarge, UnprocessableEntity, TooManyRequests)
+}
+
+
+def rejected_by_upstream(status: int, message: str, param: str | None) -> ProxyError:
+    """The error for an upstream's answer with an error `status`. A 4xx was the request's fault
+    and keeps its status and message; 401 and 403 mean the proxy's own upstream credentials are
+    wrong, which is no fault of the client's; everything else is the upstream's failure."""
+    if 400 <= status < 500 and status not in (401, 403):
+        return _REJECTIONS.get(status, InvalidRequest)(message, param=param, code="invalid_request_error")
+    return UpstreamError(message, param=param)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
-from .config import Config, Route, resolve
+from .config import Config, Target, resolve
 from .metrics import Metrics
 from .upstream.client import UpstreamClient
 
@@ -16,13 +17,13 @@ class Runtime:
         self.config = config
         self.api_keys = config.auth.keys()
         self.clients = self._clients(config, {})
-        self._retiring: dict[UpstreamClient, asyncio.Task] = {}
+        self._retiring: dict[UpstreamClient, asyncio.Task[None]] = {}
 
-    def route(self, model: str) -> tuple[Route, UpstreamClient] | None:
+    def target(self, model: str) -> tuple[Target, UpstreamClient] | None:
         """Resolve against one config: a request keeps what it got even if a reload follows."""
         config, clients = self.config, self.clients
-        route = resolve(config, model)
-        return None if route is None else (route, clients[route.upstream.name])
+        target = resolve(config, model)
+        return None if target is None else (target, clients[target.upstream.name])
 
     def ready(self) -> bool:
         return not self.draining and all(client.ready() for client in self.clients.values())
@@ -39,7 +40,7 @@ class Runtime:
             if id(client) not in kept:
                 task = asyncio.create_task(client.close_when_idle())
                 self._retiring[client] = task
-                task.add_done_callback(lambda _, client=client: self._retiring.pop(client, None))
+                task.add_done_callback(self._retired(client))
 
     async def close(self) -> None:
         for client, task in list(self._retiring.items()):
@@ -48,10 +49,16 @@ class Runtime:
         for client in self.clients.values():
             await client.close()
 
+    def _retired(self, client: UpstreamClient) -> Callable[[object], None]:
+        def forget(_: object) -> None:
+            self._retiring.pop(client, None)
+
+        return forget
+
     def _clients(self, config: Config, old: dict[str, UpstreamClient]) -> dict[str, UpstreamClient]:
         clients = {}
         for upstream in config.upstreams:
             previous = old.get(upstream.name)
-            same = previous is not None and previous.config == upstream
-            clients[upstream.name] = previous if same else UpstreamClient(upstream, self.metrics.upstream_error)
+            unchanged = previous is not None and previous.config == upstream
+            clients[upstream.name] = previous if previous is not None and unchanged else UpstreamClient(upstream, self.metrics.upstream_error)
         return clients

@@ -6,16 +6,19 @@ import asyncio
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
+import orjson
 from aiohttp import web
 
 from .api import endpoints, passthrough, responses
-from .appkeys import REQUEST_ID, ROUTE, RUNTIME
+from .appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from .config import Config
-from .errors import InvalidRequest, NotFound, ProxyError, Unauthorized
+from .errors import MethodNotAllowed, NotFound, ProxyError, Unauthorized
 from .metrics import Metrics
 from .runtime import Runtime
+
+Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 access_log = logging.getLogger("proxy.access")
 
@@ -23,11 +26,11 @@ REQUEST_ID_HEADER = "X-Request-ID"
 
 
 def error_response(error: ProxyError) -> web.Response:
-    return web.json_response(error.envelope(), status=error.status)
+    return web.Response(body=orjson.dumps(error.envelope()), status=error.status, content_type="application/json")
 
 
 @web.middleware
-async def observe(request: web.Request, handler) -> web.StreamResponse:
+async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request id, access log line and request metrics: once per request, never per chunk."""
     request[REQUEST_ID] = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
     started = time.monotonic()
@@ -44,7 +47,7 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
         info = request.match_info.route.resource
         endpoint = info.canonical if info is not None else "other"
         metrics = request.app[RUNTIME].metrics
-        metrics.requests.labels(request.get(ROUTE, ""), endpoint, str(status)).inc()
+        metrics.requests.labels(request.get(MODEL_PATTERN, ""), endpoint, str(status)).inc()
         metrics.latency.labels(endpoint).observe(elapsed)
         access_log.info(
             "%s %s %d %.1fms",
@@ -52,12 +55,12 @@ async def observe(request: web.Request, handler) -> web.StreamResponse:
             request.path,
             status,
             elapsed * 1000,
-            extra={"request_id": request[REQUEST_ID], "status": status, "duration_ms": round(elapsed * 1000, 1), "route": request.get(ROUTE)},
+            extra={"request_id": request[REQUEST_ID], "status": status, "duration_ms": round(elapsed * 1000, 1), "route": request.get(MODEL_PATTERN)},
         )
 
 
 @web.middleware
-async def render_errors(request: web.Request, handler) -> web.StreamResponse:
+async def render_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
     """The one place where a `ProxyError` becomes an HTTP answer in the OpenAI envelope."""
     try:
         return await handler(request)
@@ -66,11 +69,11 @@ async def render_errors(request: web.Request, handler) -> web.StreamResponse:
     except web.HTTPNotFound:
         return error_response(NotFound(f"No such endpoint: {request.method} {request.path}."))
     except web.HTTPMethodNotAllowed:
-        return error_response(InvalidRequest(f"{request.method} is not allowed on {request.path}.", code="method_not_allowed", status=405))
+        return error_response(MethodNotAllowed(f"{request.method} is not allowed on {request.path}."))
 
 
 @web.middleware
-async def authenticate(request: web.Request, handler) -> web.StreamResponse:
+async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
     keys = request.app[RUNTIME].api_keys
     if keys and request.path.startswith("/v1/"):
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")

@@ -83,13 +83,13 @@ def validate_response(response: dict) -> None:
 def validate_event(event: dict) -> None:
     SDK_EVENT.validate_python(event)
     model = _SPEC_EVENTS.get(event["type"])
-    # The spec's error event nests its fields; DESIGN section 5 follows the SDK's flat one.
+    # The spec's error event nests its fields; design.md 5.1 follows the SDK's flat one.
     if model is not None and event["type"] != "error":
         model.model_validate(event)
 
 
 def envelope(body: dict, code: str | None = None, *, type: str | None = None) -> dict:
-    """The OpenAI error envelope (DESIGN 5), exactly: its one `error` object, with its code
+    """The OpenAI error envelope (design.md 5.3), exactly: its one `error` object, with its code
     and type checked when given."""
     assert list(body) == ["error"], body
     error = body["error"]

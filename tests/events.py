@@ -1,18 +1,20 @@
 """Shared by the streaming tests: upstream SSE built from a scripted `Generation`, the
-translator driven over it, and the streaming event contract (DESIGN 3.7-3.9, 4) checked on
+translator driven over it, and the streaming event contract (design.md 3.7-3.9, 4) checked on
 what comes out. The expectations here are computed from the chat chunks alone, never from
 the proxy's code."""
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
 import orjson
 
-from proxy.responses.request import Call, Upstream, parse_request, plan_call
-from proxy.responses.translate import ResponseTranslator
+from proxy.responses.plan import Call, TranslationSettings, plan_call
+from proxy.responses.schema import parse_request
+from proxy.responses.translate import IdSource, ResponseTranslator
 from tests.client import LOGPROBS, parse_sse, validate_event, validate_response
 
 TERMINAL = ("response.completed", "response.incomplete", "response.failed")
@@ -33,6 +35,12 @@ def framed(chunks: Iterable[dict], nl: str = "\n") -> list[bytes]:
     return [frame(c, nl) for c in chunks]
 
 
+def split(data: bytes, cuts: Iterable[int]) -> list[bytes]:
+    """`data` cut at each offset in `cuts` (any order, repeats give empty pieces)."""
+    bounds = [0, *sorted(cuts), len(data)]
+    return [data[a:b] for a, b in itertools.pairwise(bounds)]
+
+
 def sse(chunks: Iterable[dict], *, done: bool = True, nl: str = "\n") -> bytes:
     """Chat chunks as an upstream writes them, `data: [DONE]` last when `done`."""
     return b"".join(framed(chunks, nl)) + (b"data: [DONE]" + (nl * 2).encode() if done else b"")
@@ -47,12 +55,28 @@ def plan(logprobs: bool = True, **body: Any) -> Call:
     request = {"model": "m", "input": "hi", "stream": True, **body}
     if logprobs:
         request["include"] = LOGPROBS
-    return plan_call(parse_request(orjson.dumps(request)), Upstream(model="m"))
+    return plan_call(parse_request(request), TranslationSettings(model="m"))
+
+
+NOW = 1_750_000_000
+
+
+def numbered_ids() -> IdSource:
+    """An id source for the translator that numbers ids in the order they are minted, so that
+    two runs of the same script give the same events, byte for byte."""
+    count = itertools.count()
+    return lambda prefix: f"{prefix}_{next(count)}"
+
+
+def fixed(**options: Any) -> dict[str, Any]:
+    """A translator's clock and id source, fixed (see `numbered_ids`)."""
+    return {"clock": lambda: NOW, "ids": numbered_ids(), **options}
 
 
 def translate(call: Call, pieces: Iterable[bytes], *, finish: bool = True) -> tuple[ResponseTranslator, list[dict]]:
-    """Drive a fresh translator over `pieces` (then end of input); the events it wrote."""
-    translator = ResponseTranslator(call)
+    """Drive a fresh translator (fixed clock and ids) over `pieces` (then end of input); the
+    events it wrote."""
+    translator = ResponseTranslator(call, **fixed())
     out = [translator.start()]
     out += [translator.feed(piece) for piece in pieces]
     if finish:
@@ -70,11 +94,17 @@ def chunk_scores(chunk: dict) -> list[dict]:
 
 
 def as_response_logprob(entry: dict) -> dict:
-    """DESIGN 3.5, written out independently: bytes default to the token's UTF-8, null -> -9999."""
+    """design.md 3.5, written out independently of the proxy: exactly four keys, bytes default
+    to the token's UTF-8, a null (or absent) logprob is -9999.0."""
 
     def one(e: dict) -> dict:
-        logprob = -9999.0 if e["logprob"] is None else e["logprob"]
-        return {"token": e["token"], "logprob": logprob, "bytes": e.get("bytes") or list(e["token"].encode())}
+        logprob = e.get("logprob")
+        token_bytes = e.get("bytes")
+        return {
+            "token": e["token"],
+            "logprob": -9999.0 if logprob is None else logprob,
+            "bytes": list(e["token"].encode()) if token_bytes is None else token_bytes,
+        }
 
     return {**one(entry), "top_logprobs": [one(t) for t in entry.get("top_logprobs") or []]}
 
@@ -85,7 +115,7 @@ def sent_scores(chunks: Iterable[dict]) -> list[dict]:
 
 
 def expected_deltas(chunks: Iterable[dict]) -> list[tuple[str, list[dict]]]:
-    """DESIGN 3.7's pending-score buffer as a model: each chunk with output text gets a delta
+    """design.md 3.7's pending-score buffer as a model: each chunk with output text gets a delta
     carrying every pending score plus its own."""
     deltas, pending = [], []
     for chunk in chunks:

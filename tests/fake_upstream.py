@@ -2,7 +2,7 @@
 
 Tests script what it answers (`Generation`, `Reply`) and inspect what it received
 (`requests`, `headers`) and whether the client walked away (`disconnects`, `disconnected`).
-The wire shapes follow SGLang 0.5.x and vLLM as recorded (DESIGN.md section 6).
+The wire shapes follow SGLang 0.5.x and vLLM as recorded (design.md 6).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Bad input over HTTP (issue 5): each case gets the right status and the OpenAI error envelope
+"""Bad input over HTTP: each case gets the right status and the OpenAI error envelope
 (naming `param` where a field is at fault), the upstream is never called, and the proxy goes
 on serving, with nothing logged as an unhandled error."""
 
@@ -284,7 +284,7 @@ async def test_field_refused(upstream, proxy, http, fields: dict, param: str, st
 @pytest.mark.parametrize("streaming", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize("include", [True, False])
 async def test_huge_top_logprobs_is_capped(upstream, proxy, http, streaming: bool, include: bool) -> None:
-    """DESIGN 3.3: above the route cap (20) it is capped, sent and echoed as 20, not refused."""
+    """design.md 3.3: above the route cap (20) it is capped, sent and echoed as 20, not refused."""
     body = {**BODY, "top_logprobs": 10**9, "stream": streaming, **({"include": LOGPROBS} if include else {})}
     async with http.post(f"{proxy}/v1/responses", json=body) as response:
         assert response.status == 200, await response.text()

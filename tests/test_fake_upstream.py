@@ -32,10 +32,9 @@ async def fake() -> AsyncIterator[FakeUpstream]:
 
 
 async def raw_stream(fake: FakeUpstream, body: dict) -> bytes:
-    async with aiohttp.ClientSession() as s:
-        async with s.post(f"{fake.url}/v1/chat/completions", json=body) as r:
-            assert r.headers["Content-Type"].startswith("text/event-stream")
-            return await r.read()
+    async with aiohttp.ClientSession() as s, s.post(f"{fake.url}/v1/chat/completions", json=body) as r:
+        assert r.headers["Content-Type"].startswith("text/event-stream")
+        return await r.read()
 
 
 def events(raw: bytes) -> list[dict]:

@@ -1,4 +1,4 @@
-"""Fuzzing (issue 5).
+"""Fuzzing.
 
 1. The SSE decoder and the translator together, sans I/O: any bytes from the upstream, split
    anywhere, ended cleanly or broken off, never raise out of the translator and always end in
@@ -22,7 +22,7 @@ from proxy.config import parse
 from proxy.errors import UpstreamUnreachable
 from proxy.responses.translate import ResponseTranslator
 from tests.client import LOGPROBS, SDK_EVENT, parse_sse
-from tests.events import TERMINAL, check_stream, frame, framed, plan
+from tests.events import TERMINAL, check_stream, frame, framed, plan, split
 from tests.fake_upstream import Generation, Reply, Step, score
 
 # -- 1. SSE decoder + translator ------------------------------------------------------------------
@@ -143,8 +143,7 @@ def upstream_bodies(draw) -> bytes:
 
 
 def pieces(data: st.DataObject, body: bytes) -> list[bytes]:
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=10)))
-    return [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]
+    return split(body, data.draw(st.lists(st.integers(0, len(body)), max_size=10)))
 
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -174,9 +173,9 @@ def test_any_upstream_bytes_end_in_one_terminal_event(body: bytes, logprobs: boo
 def test_one_byte_at_a_time_is_the_same_as_all_at_once(data: st.DataObject) -> None:
     body = data.draw(upstream_bodies())
     runs = []
-    for split in ([body], [body[i : i + 1] for i in range(len(body))]):
+    for pieces_of_body in ([body], [body[i : i + 1] for i in range(len(body))]):
         translator = ResponseTranslator(plan(True))
-        raw = translator.start() + b"".join(translator.feed(p) for p in split) + translator.finish()
+        raw = translator.start() + b"".join(translator.feed(p) for p in pieces_of_body) + translator.finish()
         runs.append(check_stream(parse_sse(raw)))
     one, other = runs
     strip = lambda s: [(e["type"], e.get("delta"), e.get("text"), e.get("logprobs")) for e in s.events]  # noqa: E731

@@ -1,4 +1,4 @@
-"""Clients that misbehave (issue 5): a client that hangs up at any stage has its upstream
+"""Clients that misbehave: a client that hangs up at any stage has its upstream
 request cancelled within a second, and leaves no held or broken pooled connection and no
 task behind; a client that stops reading gets backpressure, not a proxy that buffers the
 whole stream in memory."""
@@ -235,7 +235,7 @@ async def test_half_close_with_unsent_data(upstream: FakeUpstream, launch, basel
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)  # so the proxy's bytes queue up
     sock.setblocking(False)
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
-    reader, writer = await asyncio.open_connection(sock=sock)
+    _, writer = await asyncio.open_connection(sock=sock)
     body = orjson.dumps({**BODY, "stream": True})
     head = f"POST /v1/responses HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     writer.write(head.encode() + body)

@@ -1,5 +1,5 @@
 """Non-streaming `POST /v1/responses` through the real proxy and a fake upstream: what the
-upstream was asked, and the Response the client got (DESIGN sections 3, 5 and 6)."""
+upstream was asked, and the Response the client got (design.md 3, 5 and 6)."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ import pytest
 
 from proxy.config import parse, single_upstream
 from tests.client import LOGPROBS, create, envelope, output_text, validate_response
+from tests.events import as_response_logprob
 from tests.fake_upstream import Generation, Reply, Step, score, sglang_error, vllm_error
 
 BODY = {"model": "m", "input": "hi"}
@@ -19,16 +20,6 @@ DIALECTS = ["sglang", "vllm"]
 def scores(generation: Generation) -> list[dict]:
     """Every chat logprob entry the generation carries, in order."""
     return [entry for step in generation.steps for entry in step.scores]
-
-
-def as_response(entry: dict) -> dict:
-    """DESIGN 3.5: a chat logprob entry as the Responses entry it must become."""
-
-    def one(e: dict) -> dict:
-        logprob = -9999.0 if e["logprob"] is None else e["logprob"]
-        return {"token": e["token"], "logprob": logprob, "bytes": e.get("bytes", list(e["token"].encode()))}
-
-    return {**one(entry), "top_logprobs": [one(t) for t in entry["top_logprobs"]]}
 
 
 def text_generation(dialect: str = "sglang", finish: str = "stop") -> Generation:
@@ -117,7 +108,7 @@ async def test_null_logprob_and_missing_bytes(ask):
     generation = Generation([Step("text", "éx!", entries), Step("finish", finish_reason="stop")])
     _, response = await ask(generation, include=LOGPROBS, top_logprobs=3)
     returned = output_text(response)["logprobs"]
-    assert returned == [as_response(entry) for entry in entries]
+    assert returned == [as_response_logprob(entry) for entry in entries]
     assert returned[0]["logprob"] == -9999.0 and returned[0]["bytes"] == [0xC3, 0xA9]
 
 
@@ -175,7 +166,7 @@ async def test_reasoning_text_and_tool_call(ask, dialect, include):
 )
 @pytest.mark.parametrize("include", [True, False])
 async def test_answer_without_text(ask, dialect, step, kind, include):
-    """DESIGN 3.9: scores but no text part -> an empty output_text carries them, after the
+    """design.md 3.9: scores but no text part -> an empty output_text carries them, after the
     other items; without the include no message is made up."""
     finish = "tool_calls" if kind == "function_call" else "stop"
     generation = Generation([step, Step("finish", finish_reason=finish, scores=[score("<eos>")])], dialect=dialect)

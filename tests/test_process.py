@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
@@ -45,9 +46,8 @@ async def chat_status(url: str, model: str, content: str = "hi") -> int:
 async def refuses(url: str) -> bool:
     """True once a new connection is refused; an answered or otherwise failed attempt is not."""
     try:
-        async with fresh() as http:
-            async with http.get(f"{url}/health") as response:
-                await response.read()
+        async with fresh() as http, http.get(f"{url}/health") as response:
+            await response.read()
     except aiohttp.ClientConnectorError:
         return True
     except aiohttp.ClientError:
@@ -96,10 +96,8 @@ async def spawn(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
 
     yield start
     for proc in started:
-        try:
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)  # its own group: the process and any worker it started
-        except ProcessLookupError:
-            pass
         if proc.returncode is None:
             await asyncio.wait_for(proc.wait(), 10)
 
@@ -155,15 +153,14 @@ async def test_sigterm_lets_a_stream_finish_refuses_new_connections_and_exits_0(
     upstream.script(Reply(SLOW, delay=0.1))  # about 1.5 s of stream
     grace = 10
     proxy = await spawn(routes(upstream, shutdown_grace=grace))
-    async with fresh() as http:
-        async with http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": True}) as response:
-            assert response.status == 200
-            received = await response.content.readany()
-            await eventually(lambda: upstream.active_streams == 1)
-            proxy.proc.send_signal(signal.SIGTERM)
-            await eventually(lambda: refuses(proxy.url), timeout=5)
-            assert upstream.active_streams == 1  # refused while the stream still ran
-            received += await response.read()
+    async with fresh() as http, http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": True}) as response:
+        assert response.status == 200
+        received = await response.content.readany()
+        await eventually(lambda: upstream.active_streams == 1)
+        proxy.proc.send_signal(signal.SIGTERM)
+        await eventually(lambda: refuses(proxy.url), timeout=5)
+        assert upstream.active_streams == 1  # refused while the stream still ran
+        received += await response.read()
     events = parse_sse(received)
     assert events[-1]["type"] == "response.completed"
     assert output_text(events[-1]["response"])["text"] == "".join(WORDS)
@@ -175,13 +172,12 @@ async def test_sigterm_lets_a_stream_finish_refuses_new_connections_and_exits_0(
 async def test_sigterm_cuts_a_stream_that_outlives_the_grace(upstream, spawn, grace: float) -> None:
     upstream.script(Reply(SLOW, stall_after=2))
     proxy = await spawn(routes(upstream, shutdown_grace=grace))
-    async with fresh() as http:
-        async with http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": True}) as response:
-            await eventually(lambda: upstream.active_streams == 1)
-            proxy.proc.send_signal(signal.SIGTERM)
-            assert await asyncio.wait_for(proxy.proc.wait(), grace + 5) == 0
-            with pytest.raises(aiohttp.ClientPayloadError):
-                await response.read()
+    async with fresh() as http, http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": True}) as response:
+        await eventually(lambda: upstream.active_streams == 1)
+        proxy.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(proxy.proc.wait(), grace + 5) == 0
+        with pytest.raises(aiohttp.ClientPayloadError):
+            await response.read()
     await asyncio.wait_for(upstream.disconnected.wait(), 5)  # the upstream request was closed, not left running
 
 

@@ -1,4 +1,4 @@
-"""Load and soak (issue 5): hundreds of concurrent streams through the proxy while the fake
+"""Load and soak: hundreds of concurrent streams through the proxy while the fake
 upstream injects a mix of faults. No 500 from the proxy itself, every stream ends with
 exactly one terminal event, every stream that no fault touched carries exactly the scripted
 text and scores, and at the end RSS is back near its baseline with no upstream connection
@@ -11,6 +11,7 @@ concurrent clients; e.g. `SOAK_SECONDS=600 pytest tests/test_soak.py` for a long
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import gc
 import logging
@@ -110,10 +111,8 @@ def settled_rss() -> int:
     """RSS once garbage is collected and freed heap pages are given back (glibc), so that
     what remains is what is still held, not allocator slack."""
     gc.collect()
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
     return rss()
 
 

@@ -1,4 +1,4 @@
-"""Upstream faults through the real proxy (issue 5): whatever the upstream does, the client
+"""Upstream faults through the real proxy: whatever the upstream does, the client
 gets a clear error or a `response.failed`, a stream ends with exactly one terminal event, and
 afterwards no upstream connection is held, no pooled connection is broken and no task is left.
 
@@ -333,7 +333,7 @@ async def test_tool_call_id_only_on_first_fragment(upstream, launch, http, basel
         ("call_a", "weather", '{"city": "Paris"}', "completed"),
         ("call_b", "search", '{"q": "x"}', "completed"),
     ]
-    # The empty message that carries the scores (DESIGN 3.9) comes last.
+    # The empty message that carries the scores (design.md 3.9) comes last.
     assert run.response["output"][-1]["type"] == "message" and run.text == ""
     assert run.logprobs == sent_scores(gen.chunks())
     status, _, raw = await post(http, running.url, {**BODY, "tools": TOOLS})

@@ -1,12 +1,15 @@
-"""What every proxied endpoint does first: read the JSON body, find the route."""
+"""What every proxied endpoint does first: read the JSON body, find the upstream for its model."""
 
 from __future__ import annotations
 
+from typing import Any
+
+import orjson
 from aiohttp import web
 
-from ..appkeys import REQUEST_ID, ROUTE, RUNTIME
-from ..config import Route, served_models
-from ..errors import InvalidRequest, NotFound, PayloadTooLarge
+from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
+from ..config import Target, served_models
+from ..errors import InvalidRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
 from ..upstream.client import UpstreamClient
 
 _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
@@ -15,9 +18,7 @@ _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no
 async def read_body(request: web.Request) -> bytes:
     """The JSON body, within the configured size (counted after decompression)."""
     if request.content_type not in _JSON_TYPES:
-        raise InvalidRequest(
-            f"Content-Type must be application/json, not {request.content_type}.", code="unsupported_media_type", status=415
-        )
+        raise UnsupportedMediaType(f"Content-Type must be application/json, not {request.content_type}.")
     limit = request.app[RUNTIME].config.max_body_bytes
     too_large = PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
     if (request.content_length or 0) > limit:
@@ -34,13 +35,21 @@ async def read_body(request: web.Request) -> bytes:
     return b"".join(pieces)
 
 
-def route(request: web.Request, model: str) -> tuple[Route, UpstreamClient]:
+def load_json(body: bytes) -> Any:
+    """A request body as JSON, for every endpoint that takes one."""
+    try:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
+
+
+def find_target(request: web.Request, model: str) -> tuple[Target, UpstreamClient]:
     runtime = request.app[RUNTIME]
-    found = runtime.route(model)
+    found = runtime.target(model)
     if found is None:
         served = ", ".join(served_models(runtime.config))
         raise NotFound(f"The model '{model}' is not served here. Served: {served}.", param="model", code="model_not_found")
-    request[ROUTE] = found[0].pattern
+    request[MODEL_PATTERN] = found[0].pattern
     return found
 
 

@@ -6,8 +6,7 @@ import orjson
 from aiohttp import web
 
 from ..errors import InvalidRequest, ProxyError
-from ..responses.request import load_json
-from .common import read_body, route, upstream_headers
+from .common import find_target, load_json, read_body, upstream_headers
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
@@ -16,9 +15,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
     model = data.get("model") if isinstance(data, dict) else None
     if not isinstance(model, str):
         raise InvalidRequest("'model' must be a string.", param="model")
-    found, client = route(request, model)
-    if found.model != model:
-        body = orjson.dumps({**data, "model": found.model})
+    target, client = find_target(request, model)
+    if target.model != model:
+        body = orjson.dumps({**data, "model": target.model})
     async with client.post(request.path, body, upstream_headers(request)) as exchange:
         upstream = exchange.response
         response = web.StreamResponse(status=upstream.status, headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")})

@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import Any
 
 import orjson
 from aiohttp import web
 
-from ..appkeys import ROUTE, RUNTIME
+from ..appkeys import MODEL_PATTERN, RUNTIME
+from ..config import Target
 from ..errors import ProxyError
-from ..responses.request import Call, parse_request, plan_call
+from ..responses.plan import Call, TranslationSettings, plan_call
+from ..responses.schema import parse_request
 from ..responses.translate import ResponseTranslator, translate_completion
 from ..upstream.client import Exchange
-from .common import read_body, route, upstream_headers
+from .common import find_target, load_json, read_body, upstream_headers
 
 CHAT_PATH = "/v1/chat/completions"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
@@ -21,9 +24,9 @@ SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
-    parsed = parse_request(await read_body(request))
-    found, client = route(request, parsed.model)
-    call = plan_call(parsed, found.translation())
+    parsed = parse_request(load_json(await read_body(request)))
+    target, client = find_target(request, parsed.model)
+    call = plan_call(parsed, translation_settings(target))
     async with client.post(CHAT_PATH, call.chat, upstream_headers(request)) as exchange:
         if call.stream:
             response, output = await _stream(request, call, exchange, started)
@@ -32,18 +35,29 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             response = web.Response(body=orjson.dumps(output), content_type="application/json")
     usage = output and output["usage"]
     if usage:
-        request.app[RUNTIME].metrics.output_tokens.labels(found.pattern).inc(usage["output_tokens"])
+        request.app[RUNTIME].metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
     return response
 
 
-async def _stream(request: web.Request, call: Call, exchange: Exchange, started: float) -> tuple[web.StreamResponse, dict | None]:
+def translation_settings(target: Target) -> TranslationSettings:
+    upstream = target.upstream
+    return TranslationSettings(
+        model=target.model,
+        max_top_logprobs=upstream.max_top_logprobs,
+        logprobs=upstream.logprobs,
+        reasoning_field=None if upstream.reasoning_field == "none" else upstream.reasoning_field,
+        defaults=upstream.defaults,
+    )
+
+
+async def _stream(request: web.Request, call: Call, exchange: Exchange, started: float) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     metrics = request.app[RUNTIME].metrics
     translator = ResponseTranslator(call)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
 
     def first_token() -> None:
-        metrics.first_token.labels(request[ROUTE]).observe(time.monotonic() - started)
+        metrics.first_token.labels(request[MODEL_PATTERN]).observe(time.monotonic() - started)
 
     metrics.streams.inc()
     try:
@@ -59,8 +73,8 @@ async def _stream(request: web.Request, call: Call, exchange: Exchange, started:
 
 
 async def _relay(response: web.StreamResponse, translator: ResponseTranslator, exchange: Exchange, first_token: Callable[[], None]) -> bool:
-    """One client write per upstream read, until the terminal event. False when the upstream
-    broke off, so there is nothing left to drain."""
+    """One client write per upstream read, until the terminal event (design.md 4.10). False
+    when the upstream broke off, so there is nothing left to drain."""
     await response.write(translator.start())
     waiting = True
     while not translator.done:

@@ -1,4 +1,4 @@
-"""What the upstream sends: chat.completion objects and chat.completion.chunk frames.
+"""What the upstream sends: chat.completion objects, chat.completion.chunk frames, errors.
 
 Typed with msgspec so one decode validates a chunk. Unknown keys (SGLang's `matched_stop`,
 vLLM's `stop_reason`...) are ignored; null and absent are the same thing everywhere. A
@@ -8,7 +8,14 @@ so both modes run through one translator.
 
 from __future__ import annotations
 
+from typing import Any
+
 import msgspec
+import orjson
+
+from ..errors import ProxyError, rejected_by_upstream
+
+_MAX_ERROR_TEXT = 1000
 
 
 class TopLogprob(msgspec.Struct, gc=False):
@@ -71,19 +78,42 @@ class Usage(msgspec.Struct, gc=False):
     reasoning_tokens: int | None = None  # SGLang reports it here, not in the details
 
 
-class ErrorBody(msgspec.Struct, gc=False):
-    message: str = "upstream error"
-    code: int | str | None = None
-
-
 class Chunk(msgspec.Struct, gc=False):
     choices: list[Choice] | None = None
     usage: Usage | None = None
-    error: ErrorBody | None = None
-    # SGLang's flat error body `{"object": "error", "message", "code"}`, when it is a frame.
+    # An error frame: vLLM's and SGLang's nested `{"error": {...}}`, or SGLang's flat error
+    # body `{"object": "error", ...}` sent as a frame. Read by `upstream_error`.
+    error: Any = None
     object: str | None = None
-    message: str | None = None
-    code: int | str | None = None
+
+    @property
+    def is_error(self) -> bool:
+        return self.error is not None or self.object == "error"
 
 
 decode_chunk = msgspec.json.Decoder(Chunk).decode
+
+
+def upstream_error(body: bytes, status: int | None = None) -> ProxyError:
+    """The error an upstream reported, as an HTTP error body (with its `status`) or as a stream
+    frame (whose integer `code` stands in for a status, design.md 6.6): SGLang's flat body,
+    the OpenAI nested one, FastAPI's `detail`, or plain text."""
+    message, param, code = _error_fields(body)
+    if status is None:
+        status = code if isinstance(code, int) else 500
+    return rejected_by_upstream(status, message or f"the upstream reported an error ({status})", param)
+
+
+def _error_fields(body: bytes) -> tuple[str, str | None, Any]:
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return body.decode(errors="replace").strip()[:_MAX_ERROR_TEXT], None, None
+    if not isinstance(data, dict):
+        return body.decode(errors="replace")[:_MAX_ERROR_TEXT], None, None
+    error = data["error"] if isinstance(data.get("error"), dict) else data
+    message, param = error.get("message"), error.get("param")
+    if not message and isinstance(data.get("detail"), (str, list)):  # FastAPI's own validation errors
+        message = data["detail"]
+    text = str(message).strip()[:_MAX_ERROR_TEXT] if message else ""
+    return text, param if isinstance(param, str) else None, error.get("code")

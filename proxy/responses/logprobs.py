@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from typing import Any
 
 import msgspec
 import orjson
@@ -50,13 +51,13 @@ def response_logprobs(content: list[msgspec.Raw]) -> list[orjson.Fragment]:
         raise UpstreamProtocolError(f"unreadable upstream logprobs: {exc}") from None
 
 
-def _mapped(entry: LogprobEntry) -> dict:
+def _mapped(entry: LogprobEntry) -> dict[str, Any]:
     score = _token_score(entry.token, entry.logprob, entry.bytes)
     score["top_logprobs"] = [_token_score(t.token, t.logprob, t.bytes) for t in entry.top_logprobs or ()]
     return score
 
 
-def _token_score(token: str, logprob: float | None, token_bytes: list[int] | None) -> dict:
+def _token_score(token: str, logprob: float | None, token_bytes: list[int] | None) -> dict[str, Any]:
     return {
         "token": token,
         "logprob": NULL_LOGPROB if logprob is None else logprob,

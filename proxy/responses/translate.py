@@ -6,7 +6,7 @@ the upstream body and `fail(error)` a broken upstream. It never awaits. A non-st
 completion goes through the same machine (its `message` read as one delta, events not
 encoded), so both modes build the same Response.
 
-Scores (DESIGN 3.7): every score lands in `_scores` in arrival order; an `output_text.delta`
+Scores (design.md 3.7): every score lands in `_scores` in arrival order; an `output_text.delta`
 carries the slice not yet delivered, so the pending-score buffer is `_scores[_delivered:]`.
 The done events carry the whole list. The message stays open until the end of the response
 because a score can arrive with the last chunk.
@@ -16,31 +16,36 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
-from ..upstream.sse import SSEDecoder
-from .chat import Chunk, Delta, ErrorBody, ToolCallDelta, Usage, decode_chunk
+from .chat import Chunk, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error
 from .logprobs import response_logprobs
-from .request import Call
+from .plan import Call
+from .sse import SSEDecoder
 
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _SSE_DONE = b"data: [DONE]\n\n"
 
 
-def _new_id(prefix: str) -> str:
+IdSource = Callable[[str], str]  # prefix -> a new unique id with that prefix
+Clock = Callable[[], float]  # seconds since the epoch
+
+
+def new_id(prefix: str) -> str:
     return f"{prefix}_{uuid.uuid4().hex}"
 
 
-class _Item:
+class _OpenItem:
     """An output item while it is open: its dict (shared with `output`) and its text so far."""
 
     __slots__ = ("index", "item", "parts", "at")
 
-    def __init__(self, index: int, item: dict) -> None:
+    def __init__(self, index: int, item: dict[str, Any]) -> None:
         self.index = index
         self.item = item
         self.parts: list[str] = []
@@ -56,24 +61,26 @@ class _ToolCall:
         self.call_id: str | None = None
         self.name: str | None = None
         self.arguments: list[str] = []
-        self.item: _Item | None = None
+        self.item: _OpenItem | None = None
 
 
 class ResponseTranslator:
-    def __init__(self, call: Call, *, streaming: bool = True) -> None:
+    def __init__(self, call: Call, *, streaming: bool = True, clock: Clock = time.time, ids: IdSource = new_id) -> None:
         self._call = call
         self._streaming = streaming
         self._logprobs = call.logprobs
-        self._id = _new_id("resp")
-        self._created_at = int(time.time())
+        self._clock = clock
+        self._new_id = ids
+        self._id = ids("resp")
+        self._created_at = int(clock())
         self._sse = SSEDecoder()
         self._events: list[bytes] = []
         self._sequence = 0
-        self._output: list[dict] = []
-        self._current: _Item | None = None  # the open reasoning or function_call item
-        self._message: _Item | None = None
+        self._output: list[dict[str, Any]] = []
+        self._current: _OpenItem | None = None  # the open reasoning or function_call item
+        self._message: _OpenItem | None = None
         # What the last generated token went to: an item, or a tool call still waiting for its id.
-        self._generating: _Item | _ToolCall | None = None
+        self._generating: _OpenItem | _ToolCall | None = None
         self._calls: dict[int, _ToolCall] = {}
         self._scores: list[orjson.Fragment] = []
         self._delivered = 0
@@ -133,15 +140,31 @@ class ResponseTranslator:
             self._end()  # a frame cut short by the break is left unread: usage or [DONE]
         return self._flush()
 
-    def apply(self, chunk: Chunk) -> None:
-        """One decoded chunk (or a whole non-streaming completion)."""
-        error = chunk.error
-        if error is None and chunk.object == "error":  # SGLang's flat error body, as a frame
-            error = ErrorBody(chunk.message or "", chunk.code)
-        if error is not None:
-            message = error.message.strip() or "the upstream reported an error"
-            self._fail(UpstreamError(error.code if isinstance(error.code, int) else 500, message))
+    def complete(self, body: bytes) -> None:
+        """A whole non-streaming chat completion: read as one chunk whose `message` is the
+        delta, then the end of input."""
+        try:
+            self._payload(body)
+        except ProxyError as error:
+            self._fail(error)
+        self._end()
+
+    # -- chunk handling --------------------------------------------------------------------
+
+    def _payload(self, payload: bytes) -> None:
+        if payload == b"[DONE]":
+            self._end()
             return
+        try:
+            chunk = decode_chunk(payload)
+        except msgspec.MsgspecError as exc:
+            raise UpstreamProtocolError(f"unreadable upstream chunk: {exc}") from None
+        if chunk.is_error:
+            self._fail(upstream_error(payload))
+        else:
+            self._apply(chunk)
+
+    def _apply(self, chunk: Chunk) -> None:
         if chunk.usage is not None:
             self._usage = chunk.usage
         for choice in chunk.choices or ():
@@ -155,19 +178,7 @@ class ResponseTranslator:
             if choice.finish_reason is not None:
                 self._finish_reason = choice.finish_reason
                 if choice.finish_reason == "abort":
-                    self._fail(UpstreamError(500, "the upstream aborted the generation"))
-
-    # -- chunk handling --------------------------------------------------------------------
-
-    def _payload(self, payload: bytes) -> None:
-        if payload == b"[DONE]":
-            self._end()
-            return
-        try:
-            chunk = decode_chunk(payload)
-        except msgspec.MsgspecError as exc:
-            raise UpstreamProtocolError(f"unreadable upstream chunk: {exc}") from None
-        self.apply(chunk)
+                    self._fail(UpstreamError("the upstream aborted the generation"))
 
     def _delta(self, delta: Delta) -> None:
         reasoning = delta.reasoning or delta.reasoning_content
@@ -183,7 +194,7 @@ class ResponseTranslator:
         if item is None or item.item["type"] != "reasoning":
             self._close_current()
             item = self._current = self._open(
-                {"id": _new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [], "content": []}
+                {"id": self._new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [], "content": []}
             )
             self._emit_part("response.content_part.added", item, {"type": "reasoning_text", "text": ""})
         item.parts.append(text)
@@ -220,15 +231,15 @@ class ResponseTranslator:
 
     # -- items -----------------------------------------------------------------------------
 
-    def _open(self, item: dict) -> _Item:
-        opened = _Item(len(self._output), item)
+    def _open(self, item: dict[str, Any]) -> _OpenItem:
+        opened = _OpenItem(len(self._output), item)
         self._output.append(item)
         self._emit("response.output_item.added", output_index=opened.index, item=item)
         return opened
 
-    def _open_message(self) -> _Item:
+    def _open_message(self) -> _OpenItem:
         self._message = self._open(
-            {"id": _new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+            {"id": self._new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
         )
         self._emit_part("response.content_part.added", self._message, self._text_part("", []))
         return self._message
@@ -237,10 +248,10 @@ class ResponseTranslator:
         self._close_current()
         item = call.item = self._current = self._open(
             {
-                "id": _new_id("fc"),
+                "id": self._new_id("fc"),
                 "type": "function_call",
                 "status": "in_progress",
-                "call_id": call.call_id or _new_id("call"),
+                "call_id": call.call_id or self._new_id("call"),
                 "name": call.name,
                 "arguments": "",
             }
@@ -271,7 +282,7 @@ class ResponseTranslator:
         if message is None:
             if not self._scores:
                 return
-            # DESIGN 3.9: scores with no text part still reach the client, on an empty message.
+            # design.md 3.9: scores with no text part still reach the client, on an empty message.
             message = self._open_message()
         text = "".join(message.parts)
         self._emit("response.output_text.done", **message.at, content_index=0, text=text, logprobs=self._scores)
@@ -280,15 +291,15 @@ class ResponseTranslator:
         message.item["content"] = [part]
         self._close(message, status)
 
-    def _close(self, item: _Item, status: str) -> None:
+    def _close(self, item: _OpenItem, status: str) -> None:
         item.item["status"] = status
         self._emit("response.output_item.done", output_index=item.index, item=item.item)
 
-    def _close_all(self, cut: _Item | _ToolCall | None, default: str) -> None:
+    def _close_all(self, cut: _OpenItem | _ToolCall | None, default: str) -> None:
         """Close every open item; `cut` (the item generated when the stream stopped) gets
         `incomplete`, the others `default`."""
 
-        def status(item: _Item | None) -> str:
+        def status(item: _OpenItem | None) -> str:
             at_cut = item is cut or (isinstance(cut, _ToolCall) and item is cut.item)
             return "incomplete" if item is not None and at_cut else default
 
@@ -316,7 +327,7 @@ class ResponseTranslator:
         if incomplete:
             self._terminate("response.incomplete", "incomplete", incomplete_details={"reason": incomplete})
         else:
-            self._terminate("response.completed", "completed", completed_at=int(time.time()))
+            self._terminate("response.completed", "completed", completed_at=int(self._clock()))
 
     def _fail(self, error: ProxyError) -> None:
         if self.done:
@@ -351,7 +362,7 @@ class ResponseTranslator:
             **self._call.echo,
         }
 
-    def _usage_object(self) -> dict | None:
+    def _usage_object(self) -> dict[str, Any] | None:
         usage = self._usage
         if usage is None:
             return None
@@ -367,10 +378,10 @@ class ResponseTranslator:
         }
 
     @staticmethod
-    def _text_part(text: str, logprobs: list[orjson.Fragment]) -> dict:
+    def _text_part(text: str, logprobs: list[orjson.Fragment]) -> dict[str, Any]:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
-    def _emit_part(self, event: str, item: _Item, part: dict) -> None:
+    def _emit_part(self, event: str, item: _OpenItem, part: dict[str, Any]) -> None:
         self._emit(event, **item.at, content_index=0, part=part)
 
     def _emit(self, event: str, **fields: Any) -> None:
@@ -387,17 +398,12 @@ class ResponseTranslator:
         return data
 
 
-def translate_completion(call: Call, body: bytes) -> dict[str, Any]:
+def translate_completion(call: Call, body: bytes, *, clock: Clock = time.time, ids: IdSource = new_id) -> dict[str, Any]:
     """A non-streaming chat completion as a Response, for orjson to encode (its scores are
     pre-encoded `orjson.Fragment`s); an upstream failure raises."""
-    translator = ResponseTranslator(call, streaming=False)
-    try:
-        translator.apply(decode_chunk(body))
-    except msgspec.MsgspecError as exc:
-        raise UpstreamProtocolError(f"unreadable upstream completion: {exc}") from None
-    except ProxyError as error:
-        translator.fail(error)
-    translator.finish()
-    if translator.response["status"] == "failed":
+    translator = ResponseTranslator(call, streaming=False, clock=clock, ids=ids)
+    translator.complete(body)
+    if translator.error is not None:
         raise translator.error
+    assert translator.response is not None  # complete() always ends the response
     return translator.response

@@ -1,9 +1,9 @@
 """The upstream side: one pooled HTTP client per configured upstream, over its replicas.
 
-Failures become the proxy's error types here, in one place: a refused or reset connection
-before any answer is `UpstreamUnreachable` (502), a timeout `UpstreamTimeout` (504), an error
-status `UpstreamError` with the upstream's own message (SGLang's flat `{"object": "error"}`
-body and the OpenAI nested one alike).
+Failures become the proxy's error types here, in one place (`_Failures`): a connection that
+could not be opened is `UpstreamNotReached`, one that broke `UpstreamUnreachable` (502), a
+timeout `UpstreamTimeout` (504), an error status whatever the core's parser makes of the body
+(design.md 6.6).
 
 Balancing: least outstanding requests, ties taken in turn. A replica that refuses a
 connection is skipped for `eject_seconds` (passive); with `health_check` set, a probe takes
@@ -18,18 +18,57 @@ import itertools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import aiohttp
 import orjson
 
-from ..config import UpstreamConfig
-from ..errors import ProxyError, UpstreamError, UpstreamTimeout, UpstreamUnreachable
+from ..config import HealthCheck, Timeouts, Upstream
+from ..errors import ProxyError, UpstreamNotReached, UpstreamTimeout, UpstreamUnreachable
+from ..responses.chat import upstream_error
 
 _MAX_ERROR_BODY = 64 * 1024
 _DRAIN_TIMEOUT = 1.0
+# The connection could not be opened: the request never left.
+_NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 ErrorHook = Callable[[str, str], None]  # (upstream name, error kind)
+T = TypeVar("T")
+
+
+class _Failures:
+    """Turns what went wrong into the proxy's error for one upstream, and counts it."""
+
+    __slots__ = ("_name", "_hook")
+
+    def __init__(self, name: str, hook: ErrorHook) -> None:
+        self._name = name
+        self._hook = hook
+
+    def connection(self, exc: aiohttp.ClientError) -> UpstreamUnreachable:
+        self._hook(self._name, "connection")
+        kind = UpstreamNotReached if isinstance(exc, _NOT_SENT) else UpstreamUnreachable
+        return kind(f"upstream {self._name} connection failed: {exc}")
+
+    def timeout(self, detail: str) -> UpstreamTimeout:
+        self._hook(self._name, "timeout")
+        return UpstreamTimeout(f"upstream {self._name} {detail}")
+
+    def status(self, status: int, body: bytes) -> ProxyError:
+        self._hook(self._name, f"status_{status}")
+        return upstream_error(body, status)
+
+    async def guard(self, operation: Awaitable[T], timeout: float, deadline: float | None) -> T:
+        """`operation` within `timeout` (and the exchange's `deadline`), its failures ours."""
+        if deadline is not None:
+            timeout = min(timeout, deadline - asyncio.get_running_loop().time())
+        try:
+            async with asyncio.timeout(timeout):
+                return await operation
+        except aiohttp.ClientError as exc:
+            raise self.connection(exc) from exc
+        except TimeoutError:
+            raise self.timeout(f"sent nothing for {timeout:.3g} s") from None
 
 
 class Replica:
@@ -52,18 +91,19 @@ class Exchange:
     not by a timeout context per read: a stream makes thousands of reads a second.
     """
 
-    __slots__ = ("response", "_client", "_deadline", "_waiting_since", "_timer")
+    __slots__ = ("response", "_timeouts", "_failures", "_deadline", "_waiting_since", "_timer")
 
-    def __init__(self, client: UpstreamClient, response: aiohttp.ClientResponse, deadline: float | None) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, timeouts: Timeouts, failures: _Failures, deadline: float | None) -> None:
         self.response = response
-        self._client = client
+        self._timeouts = timeouts
+        self._failures = failures
         self._deadline = deadline
         self._waiting_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     async def read_body(self) -> bytes:
         """A whole non-streaming body: generated before it is sent, so it gets `first_byte`."""
-        return await self._client._guard(self.response.read(), self._client.config.timeouts.first_byte, self._deadline)
+        return await self._failures.guard(self.response.read(), self._timeouts.first_byte, self._deadline)
 
     async def read_chunk(self) -> bytes:
         """The next bytes of a streaming body (b"" at its end), within the idle timeout."""
@@ -74,7 +114,7 @@ class Exchange:
         try:
             return await self.response.content.readany()
         except aiohttp.ClientError as exc:
-            raise self._client._failure("connection", UpstreamUnreachable, f"connection failed: {exc}") from exc
+            raise self._failures.connection(exc) from exc
         finally:
             self._waiting_since = None
 
@@ -94,7 +134,7 @@ class Exchange:
             self._timer.cancel()
 
     def _arm(self, loop: asyncio.AbstractEventLoop, since: float) -> None:
-        due = since + self._client.config.timeouts.idle
+        due = since + self._timeouts.idle
         if self._deadline is not None:
             due = min(due, self._deadline)
         self._timer = loop.call_at(due, self._check, loop)
@@ -104,7 +144,7 @@ class Exchange:
         spent writing to a slow client is not upstream idleness, so only a pending read counts."""
         now = loop.time()
         waiting = self._waiting_since
-        timeouts = self._client.config.timeouts
+        timeouts = self._timeouts
         if self._deadline is not None and now >= self._deadline:
             detail = f"did not finish within {timeouts.total:g} s"
         elif waiting is not None and now - waiting >= timeouts.idle:
@@ -113,16 +153,16 @@ class Exchange:
             self._arm(loop, now if waiting is None else waiting)
             return
         # The pending read, or the next one, raises it.
-        self.response.content.set_exception(self._client._failure("timeout", UpstreamTimeout, detail))
+        self.response.content.set_exception(self._failures.timeout(detail))
         self._timer = None
 
 
 class UpstreamClient:
-    def __init__(self, config: UpstreamConfig, on_error: ErrorHook | None = None) -> None:
+    def __init__(self, config: Upstream, on_error: ErrorHook | None = None) -> None:
         self.config = config
         self.replicas = [Replica(url) for url in config.urls]
         self._turn = itertools.count()
-        self._on_error = on_error or (lambda upstream, kind: None)
+        self._failures = _Failures(config.name, on_error or (lambda upstream, kind: None))
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
@@ -137,7 +177,7 @@ class UpstreamClient:
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
         )
-        self._probe = asyncio.create_task(self._probe_forever()) if config.health_check else None
+        self._probe = asyncio.create_task(self._probe_forever(config.health_check)) if config.health_check else None
 
     async def close(self) -> None:
         if self._probe is not None:
@@ -170,9 +210,8 @@ class UpstreamClient:
             response, replica = await self._send(path, data, headers, deadline)
             try:
                 if response.status >= 400:
-                    self._on_error(self.config.name, f"status_{response.status}")
-                    raise await _error_from(response)
-                exchange = Exchange(self, response, deadline)
+                    raise self._failures.status(response.status, await _error_body(response))
+                exchange = Exchange(response, self.config.timeouts, self._failures, deadline)
                 try:
                     yield exchange
                 finally:
@@ -190,7 +229,7 @@ class UpstreamClient:
             async with self._session.get(self._candidates()[0].url + path) as response:
                 return response.status, await response.read()
 
-        return await self._guard(fetch(), self.config.timeouts.connect + self.config.timeouts.idle, None)
+        return await self._failures.guard(fetch(), self.config.timeouts.connect + self.config.timeouts.idle, None)
 
     def _candidates(self) -> list[Replica]:
         """Available replicas, fewest outstanding requests first, ties taken in turn."""
@@ -207,13 +246,11 @@ class UpstreamClient:
         for replica in self._candidates():
             replica.outstanding += 1
             try:
-                response = await self._guard(
+                response = await self._failures.guard(
                     self._session.post(replica.url + path, data=data, headers=headers), self.config.timeouts.first_byte, deadline
                 )
-            except UpstreamUnreachable as error:
+            except UpstreamNotReached as error:
                 replica.outstanding -= 1
-                if not isinstance(error.__cause__, (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)):
-                    raise  # the request may have reached the replica: not ours to repeat
                 replica.ejected_until = time.monotonic() + self.config.eject_seconds
                 refused.append(f"{replica.url}: {error.__cause__}")
             except BaseException:
@@ -221,25 +258,9 @@ class UpstreamClient:
                 raise
             else:
                 return response, replica
-        raise UpstreamUnreachable(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
+        raise UpstreamNotReached(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
 
-    async def _guard(self, operation: Awaitable, timeout: float, deadline: float | None) -> Any:
-        if deadline is not None:
-            timeout = min(timeout, deadline - asyncio.get_running_loop().time())
-        try:
-            async with asyncio.timeout(timeout):
-                return await operation
-        except aiohttp.ClientError as exc:
-            raise self._failure("connection", UpstreamUnreachable, f"connection failed: {exc}") from exc
-        except TimeoutError:
-            raise self._failure("timeout", UpstreamTimeout, f"sent nothing for {timeout:.3g} s") from None
-
-    def _failure(self, kind: str, error: type[ProxyError], detail: str) -> ProxyError:
-        self._on_error(self.config.name, kind)
-        return error(f"upstream {self.config.name} {detail}")
-
-    async def _probe_forever(self) -> None:
-        check = self.config.health_check
+    async def _probe_forever(self, check: HealthCheck) -> None:
         while True:
             await asyncio.gather(*(self._probe_one(replica, check.path) for replica in self.replicas))
             await asyncio.sleep(check.interval)
@@ -255,26 +276,8 @@ class UpstreamClient:
             replica.ejected_until = 0.0
 
 
-async def _error_from(response: aiohttp.ClientResponse) -> ProxyError:
+async def _error_body(response: aiohttp.ClientResponse) -> bytes:
     try:
-        body = await response.content.read(_MAX_ERROR_BODY)
+        return await response.content.read(_MAX_ERROR_BODY)
     except aiohttp.ClientError:
-        body = b""
-    message, param = _error_message(body)
-    return UpstreamError(response.status, message or f"upstream answered {response.status} {response.reason}", param=param)
-
-
-def _error_message(body: bytes) -> tuple[str, str | None]:
-    """The message of SGLang's flat error body, an OpenAI-style nested one, or plain text."""
-    try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return body.decode(errors="replace").strip()[:1000], None
-    if isinstance(data, dict):
-        error = data.get("error") if isinstance(data.get("error"), dict) else data
-        message, param = error.get("message"), error.get("param")
-        if message:
-            return str(message), param if isinstance(param, str) else None
-        if isinstance(data.get("detail"), (str, list)):  # FastAPI's own validation errors
-            return str(data["detail"]), None
-    return body.decode(errors="replace")[:1000], None
+        return b""

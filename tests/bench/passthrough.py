@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 
 import aiohttp
 from aiohttp import web
@@ -88,10 +89,8 @@ def main() -> None:
         import uvloop
     except ImportError:
         uvloop = None
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         (uvloop.run if uvloop else asyncio.run)(serve(args.upstream, args.host, args.port, args.max_connections))
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

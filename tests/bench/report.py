@@ -29,9 +29,9 @@ def ms(seconds: float, sign: bool = False) -> str:
 
 
 def text_table(rows: list[Row]) -> str:
-    table = [list(COLUMNS)] + [row.cells() for row in rows]
+    table = [list(COLUMNS), *(row.cells() for row in rows)]
     widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
-    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths)).rstrip() for line in table]
+    lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import socket
 from dataclasses import dataclass
 from functools import lru_cache
@@ -56,7 +57,7 @@ def parse_model(model: str) -> Knobs:
 
 def generation(n: int, top: int) -> Generation:
     steps = [Step("text", w, scores=[score(w, -0.25 - (i % 7) / 10, top=top)]) for i, w in enumerate(_WORDS[i % len(_WORDS)] for i in range(n))]
-    return Generation(steps + [Step("finish", finish_reason="stop")], model="bench", id="bench0123456789abcdef", created=1750000000)
+    return Generation([*steps, Step("finish", finish_reason="stop")], model="bench", id="bench0123456789abcdef", created=1750000000)
 
 
 def _http_chunk(data: bytes) -> bytes:
@@ -227,10 +228,8 @@ def main() -> None:
         import uvloop
     except ImportError:
         uvloop = None
-    try:
+    with contextlib.suppress(KeyboardInterrupt):
         (uvloop.run if uvloop else asyncio.run)(serve(args.host, args.port))
-    except KeyboardInterrupt:
-        pass
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""ResponseTranslator without a socket: chat chunks in, Responses events out (DESIGN 3.7-3.9, 4)."""
+"""ResponseTranslator without a socket: chat chunks in, Responses events out (design.md 3.7-3.9, 4)."""
 
 from __future__ import annotations
 
@@ -9,16 +9,18 @@ from proxy.errors import UpstreamTimeout
 from proxy.responses.translate import translate_completion
 from tests.client import parse_sse
 from tests.events import (
+    NOW,
+    as_response_logprob,
     check_stream,
     error_frame,
     expected_deltas,
+    fixed,
     frame,
     plan,
     sent_scores,
     sse,
     tokens,
     translate,
-    without_ids,
 )
 from tests.fake_upstream import Generation, Step, score
 
@@ -46,10 +48,58 @@ SEED = [
 ]
 
 
+def test_seed_case_event_for_event() -> None:
+    """design.md 3.7's example as the whole stream, spelled out: with a fixed clock and ids
+    (as h11's tests do) the events compare as they are."""
+    a, b, c, d = (as_response_logprob(score(token)) for token in "ABCD")
+    _, events = translate(plan(), [sse(Generation(SEED, prompt_tokens=3).chunks())])
+    on_reasoning = {"item_id": "rs_1", "output_index": 0, "content_index": 0}
+    on_message = {"item_id": "msg_2", "output_index": 1, "content_index": 0}
+    reasoning = {"id": "rs_1", "type": "reasoning", "summary": []}
+    message = {"id": "msg_2", "type": "message", "role": "assistant"}
+    reasoning_done = {**reasoning, "status": "completed", "content": [{"type": "reasoning_text", "text": "A"}]}
+    text_done = {"type": "output_text", "text": "BC", "annotations": [], "logprobs": [a, b, c, d]}
+    message_done = {**message, "status": "completed", "content": [text_done]}
+    expected = [
+        {"type": "response.output_item.added", "output_index": 0, "item": {**reasoning, "status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", **on_reasoning, "part": {"type": "reasoning_text", "text": ""}},
+        {"type": "response.reasoning_text.delta", **on_reasoning, "delta": "A"},
+        {"type": "response.reasoning_text.done", **on_reasoning, "text": "A"},
+        {"type": "response.content_part.done", **on_reasoning, "part": {"type": "reasoning_text", "text": "A"}},
+        {"type": "response.output_item.done", "output_index": 0, "item": reasoning_done},
+        {"type": "response.output_item.added", "output_index": 1, "item": {**message, "status": "in_progress", "content": []}},
+        {"type": "response.content_part.added", **on_message, "part": {**text_done, "text": "", "logprobs": []}},
+        {"type": "response.output_text.delta", **on_message, "delta": "B", "logprobs": [a, b]},
+        {"type": "response.output_text.delta", **on_message, "delta": "C", "logprobs": [c]},
+        {"type": "response.output_text.done", **on_message, "text": "BC", "logprobs": [a, b, c, d]},
+        {"type": "response.content_part.done", **on_message, "part": text_done},
+        {"type": "response.output_item.done", "output_index": 1, "item": message_done},
+    ]
+    assert [e["sequence_number"] for e in events] == list(range(len(expected) + 3))
+    items = [{k: v for k, v in e.items() if k != "sequence_number"} for e in events[2:-1]]
+    assert items == expected
+    created, in_progress, completed = events[0]["response"], events[1]["response"], events[-1]["response"]
+    assert created == in_progress
+    assert (created["id"], created["status"], created["created_at"], created["output"]) == ("resp_0", "in_progress", NOW, [])
+    assert completed == {
+        **created,
+        "status": "completed",
+        "completed_at": NOW,
+        "output": [reasoning_done, message_done],
+        "usage": {
+            "input_tokens": 3,
+            "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0},
+            "output_tokens": 4,
+            "output_tokens_details": {"reasoning_tokens": 0},
+            "total_tokens": 7,
+        },
+    }
+
+
 @pytest.mark.parametrize(
     ("dialect", "steps", "deltas"),
     [
-        # The issue's seed case: reasoning A, text B, text C, finish, late score D.
+        # design.md 3.7's example: reasoning A, text B, text C, finish, late score D.
         ("sglang", SEED, [["A", "B"], ["C"]]),
         # vLLM ends on the last text chunk, which carries C and D with finish_reason.
         ("vllm", SEED, [["A", "B"], ["C", "D"]]),
@@ -100,8 +150,8 @@ def test_streamed_equals_non_streaming(dialect: str) -> None:
     )
     _, stream = run(gen)
     call = plan()
-    whole = orjson.loads(orjson.dumps(translate_completion(call, orjson.dumps(gen.completion()))))
-    assert without_ids(stream.response) == without_ids(whole)
+    whole = orjson.loads(orjson.dumps(translate_completion(call, orjson.dumps(gen.completion()), **fixed())))
+    assert stream.response == whole
 
 
 @pytest.mark.parametrize(
@@ -114,7 +164,7 @@ def test_streamed_equals_non_streaming(dialect: str) -> None:
 )
 @pytest.mark.parametrize("logprobs", [True, False])
 def test_scores_without_text_get_an_empty_message(steps: list[Step], logprobs: bool) -> None:
-    """DESIGN 3.9: with logprobs asked for, an answer with scores but no text gets an empty
+    """design.md 3.9: with logprobs asked for, an answer with scores but no text gets an empty
     message, last, carrying them; without, no message is made up."""
     chunks, stream = run(Generation(steps), logprobs=logprobs)
     types = [item["type"] for item in stream.response["output"]]
@@ -196,7 +246,7 @@ def test_function_call_opens_once_id_and_name_are_known(dialect: str, head: list
     ids=["cut-in-text", "cut-in-tool-call", "cut-in-reasoning", "cut-in-call-without-id"],
 )
 def test_cut_short_is_incomplete(steps: list[Step], cut: str, finish: tuple[str, str]) -> None:
-    """DESIGN 4: the item being generated when the cut came is `incomplete`, every other
+    """design.md 4.8: the item being generated when the cut came is `incomplete`, every other
     item `completed`."""
     reason, detail = finish
     _, stream = run(Generation([*steps, Step("finish", finish_reason=reason)]))
@@ -270,7 +320,7 @@ def test_stream_without_done_but_finished_completes(usage: bool) -> None:
     with_done = check_stream(translate(plan(), [sse(chunks)])[1])
     without = check_stream(translate(plan(), [sse(chunks, done=False)])[1])
     assert without.terminal == with_done.terminal == "response.completed"
-    assert without_ids(without.events) == without_ids(with_done.events)
+    assert without.events == with_done.events
     assert (without.response["usage"] is not None) == usage
 
 

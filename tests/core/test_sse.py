@@ -7,18 +7,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import UpstreamProtocolError
-from proxy.upstream.sse import SSEDecoder
+from proxy.responses.sse import SSEDecoder
+from tests.events import split
 
 
 def decode(pieces: list[bytes], decoder: SSEDecoder | None = None) -> list[bytes]:
     decoder = decoder or SSEDecoder()
     events = [event for piece in pieces for event in decoder.feed(piece)]
     return events + decoder.close()
-
-
-def split(data: bytes, cuts: list[int]) -> list[bytes]:
-    bounds = [0, *sorted(cuts), len(data)]
-    return [data[a:b] for a, b in zip(bounds, bounds[1:])]
 
 
 # A data value: any text without line breaks (a trailing \r would read as a line ending).
@@ -93,7 +89,7 @@ class CountingBytes(bytes):
     ids=["2MiB-in-64KiB-pieces", "200KB-in-1-byte-pieces"],
 )
 def test_big_event_in_small_pieces_is_linear(size: int, piece: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """DESIGN 8 (h11's receive buffer): each piece is searched once, when it arrives, and held
+    """design.md 6.8 (as h11's receive buffer): each piece is searched once, when it arrives, and held
     as it came; the held pieces are joined once, when their line completes."""
     value = bytes(range(32, 127)) * (size // 95 + 1)
     value = value[:size]

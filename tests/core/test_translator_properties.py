@@ -1,4 +1,4 @@
-"""The pending-score buffer over any upstream stream, split at any byte (DESIGN 3.7-3.9, 4)."""
+"""The pending-score buffer over any upstream stream, split at any byte (design.md 3.7-3.9, 4)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from proxy.errors import ProxyError
 from proxy.responses.translate import translate_completion
-from tests.events import check_stream, expected_deltas, plan, sent_scores, sse, translate
+from tests.events import check_stream, expected_deltas, plan, sent_scores, split, sse, translate
 from tests.fake_upstream import Generation, Step, score
 
 texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=4)
@@ -61,8 +61,7 @@ TERMINAL = {None: "response.failed", "abort": "response.failed", "length": "resp
 def test_every_score_once_in_order(gen: Generation, logprobs: bool, usage: bool, done: bool, nl: str, data) -> None:
     chunks = gen.chunks(usage=usage)
     body = sse(chunks, done=done, nl=nl)
-    cuts = sorted(data.draw(st.lists(st.integers(0, len(body)), max_size=12)))
-    pieces = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)])]
+    pieces = split(body, data.draw(st.lists(st.integers(0, len(body)), max_size=12)))
     call = plan(logprobs)
 
     stream = check_stream(translate(call, pieces)[1])
@@ -74,7 +73,7 @@ def test_every_score_once_in_order(gen: Generation, logprobs: bool, usage: bool,
     assert stream.deltas == [(text, s if logprobs else []) for text, s in expected_deltas(chunks)]
     assert stream.logprobs == sent
     text = "".join(step.text for step in gen.steps if step.kind == "text")
-    assert (stream.message is not None) == bool(text or sent)  # DESIGN 3.9
+    assert (stream.message is not None) == bool(text or sent)  # design.md 3.9
     assert (stream.text or "") == text
     arguments = ["".join(s.text for s in gen.steps if s.kind == "tool" and s.tool_index == i) for i in range(len(
         {s.tool_index for s in gen.steps if s.kind == "tool"}))]

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 from typing import Any
 
-import orjson
 import pytest
 
+from proxy.api.common import load_json
 from proxy.errors import InvalidRequest
-from proxy.responses.request import Call, Upstream, parse_request, plan_call
+from proxy.responses.plan import Call, TranslationSettings, plan_call
+from proxy.responses.schema import parse_request
 from tests.client import LOGPROBS
 
 UPSTREAM_MODEL = "upstream-model"
@@ -21,8 +22,7 @@ IMAGE = "data:image/png;base64,iVBORw0KGgo="
 
 
 def plan(body: dict[str, Any], **upstream: Any) -> Call:
-    raw = orjson.dumps({"model": "client-model", **body})
-    return plan_call(parse_request(raw), Upstream(UPSTREAM_MODEL, **upstream))
+    return plan_call(parse_request({"model": "client-model", **body}), TranslationSettings(UPSTREAM_MODEL, **upstream))
 
 
 def chat(body: dict[str, Any], **upstream: Any) -> dict[str, Any]:
@@ -37,9 +37,10 @@ def messages(items: Any, **upstream: Any) -> list[dict]:
 
 
 def refusal(body: bytes | dict[str, Any], **upstream: Any) -> InvalidRequest:
-    raw = body if isinstance(body, bytes) else orjson.dumps({"model": "client-model", "input": "hi", **body})
+    """The refusal of a raw body (read as the HTTP layer reads it) or of request fields."""
     with pytest.raises(InvalidRequest) as caught:
-        plan_call(parse_request(raw), Upstream(UPSTREAM_MODEL, **upstream))
+        data = load_json(body) if isinstance(body, bytes) else {"model": "client-model", "input": "hi", **body}
+        plan_call(parse_request(data), TranslationSettings(UPSTREAM_MODEL, **upstream))
     return caught.value
 
 
@@ -142,7 +143,7 @@ def test_input_items(items, expected):
 
 
 def test_replayed_tool_only_answer_keeps_tool_message_after_its_call():
-    """DESIGN 3.9: a tool-only answer with logprobs comes back as [function_call, message
+    """design.md 3.9: a tool-only answer with logprobs comes back as [function_call, message
     with empty output_text]; replayed, that must still be one assistant turn whose tool
     calls the tool message answers."""
     empty = {**msg("assistant", [{"type": "output_text", "text": "", "annotations": [], "logprobs": []}]), "id": "msg_1"}
@@ -294,7 +295,7 @@ def test_route_defaults_fill_in_what_request_leaves_out():
     assert chat({"input": "hi", "temperature": 0.1}, defaults=defaults)["temperature"] == 0.1
 
 
-# -- logprobs (DESIGN section 3, rules 1-4 and 10) ----------------------------------------
+# -- logprobs (design.md 3.1-3.4 and 3.10) ----------------------------------------
 
 
 @pytest.mark.parametrize(

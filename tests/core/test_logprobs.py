@@ -9,7 +9,8 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamProtocolError
-from proxy.responses.logprobs import NULL_LOGPROB, effective_top_logprobs, response_logprobs
+from proxy.responses.logprobs import effective_top_logprobs, response_logprobs
+from tests.events import as_response_logprob
 
 
 def raw_entries(content: bytes) -> list[msgspec.Raw]:
@@ -20,20 +21,6 @@ def raw_entries(content: bytes) -> list[msgspec.Raw]:
 def mapped(entries: list[dict], *, compact: bool = True) -> list[dict]:
     raw = orjson.dumps(entries) if compact else json.dumps(entries).encode()  # json: `"key": value`
     return orjson.loads(orjson.dumps(response_logprobs(raw_entries(raw))))
-
-
-def expected(entry: dict) -> dict:
-    """DESIGN 3.5, written out independently of the proxy."""
-
-    def one(e: dict) -> dict:
-        logprob = e.get("logprob")
-        return {
-            "token": e["token"],
-            "logprob": NULL_LOGPROB if logprob is None else logprob,
-            "bytes": e["bytes"] if e.get("bytes") is not None else list(e["token"].encode()),
-        }
-
-    return {**one(entry), "top_logprobs": [one(t) for t in entry.get("top_logprobs") or []]}
 
 
 ENTRIES = {
@@ -51,12 +38,12 @@ ENTRIES = {
 @pytest.mark.parametrize("compact", [True, False], ids=["compact", "spaced"])
 @pytest.mark.parametrize("entry", ENTRIES.values(), ids=ENTRIES.keys())
 def test_every_entry_maps_to_the_four_keys(entry: dict, compact: bool) -> None:
-    assert mapped([entry], compact=compact) == [expected(entry)]
+    assert mapped([entry], compact=compact) == [as_response_logprob(entry)]
 
 
 def test_one_entry_to_map_among_many_keeps_them_all_in_order() -> None:
     entries = list(ENTRIES.values()) * 2
-    assert mapped(entries) == [expected(entry) for entry in entries]
+    assert mapped(entries) == [as_response_logprob(entry) for entry in entries]
 
 
 @pytest.mark.parametrize("content", [b"[[1, 2]]", b"[1]", b'["token"]', b'[{"logprob": -1}]'])

@@ -1,0 +1,59 @@
+"""design.md 2.1: imports run one way, HTTP layer -> upstream client -> core -> errors, and
+every rule a code comment cites exists in docs/design.md."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGE = ROOT / "proxy"
+
+# What each layer may import from the package, besides itself.
+ALLOWED = {
+    "responses": {"errors"},
+    "upstream": {"errors", "config", "responses"},
+    "config": {"errors", "responses"},
+}
+
+
+def imported_modules(path: Path) -> set[str]:
+    """The `proxy` modules one source file imports, as dotted names below `proxy`."""
+    module = ".".join(path.relative_to(PACKAGE).with_suffix("").parts)
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = module.split(".")[: -node.level]
+                name = ".".join([*base, *(node.module or "").split(".")]).strip(".")
+            elif (node.module or "").startswith("proxy."):
+                name = node.module.removeprefix("proxy.")
+            else:
+                continue
+            found.add(name)
+    return found
+
+
+@pytest.mark.parametrize("layer", sorted(ALLOWED))
+def test_imports_run_one_way(layer: str) -> None:
+    files = [PACKAGE / f"{layer}.py"] if (PACKAGE / f"{layer}.py").exists() else sorted((PACKAGE / layer).glob("*.py"))
+    assert files
+    for path in files:
+        for name in imported_modules(path):
+            top = name.split(".")[0]
+            assert top == layer or top in ALLOWED[layer], f"{path.relative_to(ROOT)} imports proxy.{name}"
+
+
+def test_cited_rules_exist() -> None:
+    design = (ROOT / "docs" / "design.md").read_text()
+    rules = set(re.findall(r"^(\d+\.\d+) ", design, re.M)) | set(re.findall(r"^## (\d+)\.", design, re.M))
+    cited = {
+        (path.relative_to(ROOT), rule)
+        for path in [*PACKAGE.rglob("*.py"), *(ROOT / "tests").rglob("*.py")]
+        for rule in re.findall(r"design\.md (\d+(?:\.\d+)?)", path.read_text())
+    }
+    assert cited, "no citation found: the pattern is stale"
+    assert [(str(path), rule) for path, rule in sorted(cited) if rule not in rules] == []
