@@ -67,6 +67,12 @@ class Upstream(_Section, frozen=True):
     health_check: HealthCheck | None = None
     # Passive: a replica that refuses a connection is skipped for this long.
     eject_seconds: Seconds = 10.0
+    # Tools only OpenAI's servers can run (web_search, mcp...): offered to no model here;
+    # `drop` leaves them out (logged, counted), `reject` refuses the request.
+    hosted_tools: Literal["drop", "reject"] = "drop"
+    # The role of system and developer messages after the conversation began: `user` for chat
+    # templates that refuse a second system message (Gemma, Mistral, Llama).
+    late_system_messages: Literal["system", "user"] = "system"
 
     def key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else self.api_key
@@ -89,6 +95,24 @@ class Auth(_Section, frozen=True):
         return frozenset(self.api_keys) | {key.strip() for key in from_env.split(",") if key.strip()}
 
 
+class Requests(_Section, frozen=True):
+    # A top-level request field the proxy does not know: `ignore` (logged once per name,
+    # counted) as SGLang and vLLM do, or `reject` with a 400.
+    unknown_fields: Literal["ignore", "reject"] = "ignore"
+
+
+class Reasoning(_Section, frozen=True):
+    """The key that seals reasoning for `include: ["reasoning.encrypted_content"]`. Without
+    one, each process draws its own, and reasoning replayed to another replica or after a
+    restart is lost."""
+
+    key: str | None = None
+    key_env: str | None = "RESPONSES_PROXY_REASONING_KEY"
+
+    def secret(self) -> str | None:
+        return self.key or (os.environ.get(self.key_env) if self.key_env else None) or None
+
+
 class Log(_Section, frozen=True):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -100,9 +124,14 @@ class Config(_Section, frozen=True):
     listen: Listen = Listen()
     auth: Auth = Auth()
     log: Log = Log()
+    requests: Requests = Requests()
+    reasoning: Reasoning = Reasoning()
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long streams in flight may run before they are cut.
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0
+    # While the upstream is silent, a stream carries an SSE comment this often, so that idle
+    # timers in load balancers and clients do not cut a long prefill; null: never.
+    keepalive: Seconds | None = 15.0
 
 
 class Target(msgspec.Struct, frozen=True):

@@ -3,6 +3,7 @@
 
     ProxyError                      500  server_error
     ├── InvalidRequest              400  invalid_request_error     the client's request is at fault
+    │   ├── ContextLengthExceeded   400  context_length_exceeded   the prompt does not fit the model
     │   ├── Unauthorized            401  invalid_api_key
     │   ├── NotFound                404  not_found
     │   ├── MethodNotAllowed        405  method_not_allowed
@@ -31,6 +32,9 @@ class ProxyError(Exception):
     status = 500
     type = "server_error"
     code: str | None = "server_error"
+    # Whether a streaming request gets this error as a stream that ends in `response.failed`
+    # (a 200) rather than as an HTTP status: for the errors clients act on from the event.
+    in_stream = False
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -53,6 +57,19 @@ class InvalidRequest(ProxyError):
     status = 400
     type = "invalid_request_error"
     code = "invalid_request_error"
+
+
+class ContextLengthExceeded(InvalidRequest):
+    """The upstream refused a prompt longer than its context: Codex compacts its history and
+    goes on when it reads this code on `response.failed`, and gives up on an HTTP 400
+    (design.md 8.7)."""
+
+    code = "context_length_exceeded"
+    in_stream = True
+
+    @property
+    def response_code(self) -> str:
+        return "context_length_exceeded"
 
 
 class Unauthorized(InvalidRequest):

@@ -5,6 +5,9 @@ from __future__ import annotations
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
+# Distinct `what` labels of the ignored counter: clients choose unknown field names, so the
+# set is bounded; past it they count as `other`.
+_MAX_IGNORED_KINDS = 256
 
 
 class Metrics:
@@ -24,6 +27,21 @@ class Metrics:
         self.upstream_errors = Counter(
             "proxy_upstream_errors", "Upstream failures by upstream and kind.", ["upstream", "kind"], registry=self.registry
         )
+        self._ignored = Counter(
+            "proxy_ignored",
+            "What requests named that was not sent upstream: unknown fields, hosted tools, items with no chat form, unreadable sealed reasoning.",
+            ["what"],
+            registry=self.registry,
+        )
+        self._ignored_kinds: set[str] = set()
+
+    def ignored(self, what: str) -> bool:
+        """Count one thing a request named that was left out; True the first time it is seen."""
+        new = what not in self._ignored_kinds and len(self._ignored_kinds) < _MAX_IGNORED_KINDS
+        if new:
+            self._ignored_kinds.add(what)
+        self._ignored.labels(what if what in self._ignored_kinds else "other").inc()
+        return new
 
     def upstream_error(self, upstream: str, kind: str) -> None:
         self.upstream_errors.labels(upstream, kind).inc()

@@ -1,13 +1,19 @@
-"""The config in force and its upstream clients, swapped together on reload."""
+"""The config in force and what is built from it (upstream clients, the reasoning sealer),
+swapped together on reload."""
 
 from __future__ import annotations
 
 import asyncio
+import logging
+import os
 from collections.abc import Callable
 
 from .config import Config, Target, resolve
 from .metrics import Metrics
+from .responses.sealing import Sealer, derive_key
 from .upstream.client import UpstreamClient
+
+log = logging.getLogger("proxy")
 
 
 class Runtime:
@@ -17,6 +23,8 @@ class Runtime:
         self.config = config
         self.api_keys = config.auth.keys()
         self.clients = self._clients(config, {})
+        self._secret = config.reasoning.secret()
+        self.sealer = self._new_sealer()
         self._retiring: dict[UpstreamClient, asyncio.Task[None]] = {}
 
     def target(self, model: str) -> tuple[Target, UpstreamClient] | None:
@@ -35,6 +43,9 @@ class Runtime:
         self.clients = self._clients(config, old)
         self.config = config
         self.api_keys = config.auth.keys()
+        if config.reasoning.secret() != self._secret:
+            self._secret = config.reasoning.secret()
+            self.sealer = self._new_sealer()
         kept = set(map(id, self.clients.values()))
         for client in old.values():
             if id(client) not in kept:
@@ -48,6 +59,17 @@ class Runtime:
             await client.close()
         for client in self.clients.values():
             await client.close()
+
+    def _new_sealer(self) -> Sealer:
+        if self._secret:
+            return Sealer(derive_key(self._secret))
+        key = self.config.reasoning.key_env
+        log.warning(
+            "no reasoning key configured (reasoning.key, or $%s): this process seals reasoning with a key of its own, "
+            "so encrypted reasoning replayed after a restart or to another replica is dropped",
+            key,
+        )
+        return Sealer(os.urandom(32))
 
     def _retired(self, client: UpstreamClient) -> Callable[[object], None]:
         def forget(_: object) -> None:

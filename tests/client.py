@@ -74,18 +74,42 @@ def parse_sse(raw: bytes) -> list[dict]:
     return events
 
 
+# Output items Open Responses knows; custom tool calls and namespaces are the SDK's alone (design.md 5.1).
+_SPEC_ITEMS = {"message", "function_call", "function_call_output", "reasoning"}
+# The code OpenAI's API sends for a prompt over the context, which the SDK's list lacks (design.md 8.7).
+CONTEXT_LENGTH_EXCEEDED = "context_length_exceeded"
+
+
 def validate_response(response: dict) -> None:
-    """Both schemas the proxy promises: the openai SDK's and Open Responses'."""
+    """Both schemas the proxy promises: the openai SDK's and, for what it can express, Open
+    Responses'."""
+    error = response.get("error")
+    if error and error.get("code") == CONTEXT_LENGTH_EXCEEDED:
+        response = {**response, "error": {**error, "code": "invalid_prompt"}}
     sdk.Response.model_validate(response)
-    spec.ResponseResource.model_validate(response)
+    tools = {tool["type"] for tool in response["tools"]}
+    items = {item["type"] for item in response["output"]}
+    if tools <= {"function"} and items <= _SPEC_ITEMS:
+        spec.ResponseResource.model_validate(response)
 
 
 def validate_event(event: dict) -> None:
+    if "response" in event:
+        validate_response(event["response"])
+        event = {**event, "response": {**event["response"], "error": None}}
     SDK_EVENT.validate_python(event)
     model = _SPEC_EVENTS.get(event["type"])
     # The spec's error event nests its fields; design.md 5.1 follows the SDK's flat one.
-    if model is not None and event["type"] != "error":
+    if model is not None and event["type"] != "error" and _SPEC_ITEMS.issuperset(_item_types(event)):
         model.model_validate(event)
+
+
+def _item_types(event: dict) -> set[str]:
+    if "item" in event:
+        return {event["item"]["type"]}
+    if "response" in event:
+        return {item["type"] for item in event["response"]["output"]} | {t["type"] for t in event["response"]["tools"]}
+    return set()
 
 
 def envelope(body: dict, code: str | None = None, *, type: str | None = None) -> dict:

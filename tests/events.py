@@ -14,6 +14,7 @@ import orjson
 
 from proxy.responses.plan import Call, TranslationSettings, plan_call
 from proxy.responses.schema import parse_request
+from proxy.responses.sealing import Sealer
 from proxy.responses.translate import IdSource, ResponseTranslator
 from tests.client import LOGPROBS, parse_sse, validate_event, validate_response
 
@@ -22,8 +23,12 @@ TERMINAL = ("response.completed", "response.incomplete", "response.failed")
 DELTAS = {
     "response.output_text.delta": ("response.output_text.done", "text"),
     "response.reasoning_text.delta": ("response.reasoning_text.done", "text"),
+    "response.reasoning_summary_text.delta": ("response.reasoning_summary_text.done", "text"),
     "response.function_call_arguments.delta": ("response.function_call_arguments.done", "arguments"),
+    "response.custom_tool_call_input.delta": ("response.custom_tool_call_input.done", "input"),
 }
+# Deltas that need no content part first.
+_PARTLESS = {"response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.reasoning_summary_text.delta"}
 
 
 def frame(chunk: dict, nl: str = "\n") -> bytes:
@@ -51,11 +56,11 @@ def error_frame(message: str = "boom", code: int | str = 500) -> bytes:
     return frame({"error": {"object": "error", "message": message, "type": "InternalServerError", "param": None, "code": code}})
 
 
-def plan(logprobs: bool = True, **body: Any) -> Call:
+def plan(logprobs: bool = True, *, sealer: Sealer | None = None, **body: Any) -> Call:
     request = {"model": "m", "input": "hi", "stream": True, **body}
     if logprobs:
-        request["include"] = LOGPROBS
-    return plan_call(parse_request(request), TranslationSettings(model="m"))
+        request["include"] = [*LOGPROBS, *body.get("include", [])]
+    return plan_call(parse_request(request), TranslationSettings(model="m", sealer=sealer))
 
 
 NOW = 1_750_000_000
@@ -139,6 +144,7 @@ class _Item:
     id: str
     type: str
     part_added: bool = False
+    summary_part_added: bool = False
     deltas: list[dict] = field(default_factory=list)
     done_events: dict[str, dict] = field(default_factory=dict)
     item: dict | None = None  # from output_item.done
@@ -229,10 +235,14 @@ def check_stream(events: list[dict]) -> Stream:
                 open_other = None
         elif kind == "response.content_part.added":
             item.part_added = True
+        elif kind == "response.reasoning_summary_part.added":
+            item.summary_part_added = True
         elif kind in DELTAS:
             assert event["delta"], f"empty {kind}"
-            if kind != "response.function_call_arguments.delta":
+            if kind not in _PARTLESS:
                 assert item.part_added, f"{kind} before content_part.added"
+            if kind == "response.reasoning_summary_text.delta":
+                assert item.summary_part_added, f"{kind} before reasoning_summary_part.added"
             if kind == "response.output_text.delta":
                 assert open_other is None, "text while another item is open"
             item.deltas.append(event)
@@ -244,9 +254,9 @@ def check_stream(events: list[dict]) -> Stream:
     assert [item.item for item in items] == response["output"]
     done_order = [e["item"]["id"] for e in events if e["type"] == "response.output_item.done"]
     for item in items:
-        if item.deltas:
-            closing, key = DELTAS[item.deltas[0]["type"]]
-            assert item.done_events[closing][key] == "".join(d["delta"] for d in item.deltas)
+        for delta_type in {d["type"] for d in item.deltas}:
+            closing, key = DELTAS[delta_type]
+            assert item.done_events[closing][key] == "".join(d["delta"] for d in item.deltas if d["type"] == delta_type)
         if item.type == "message":
             assert done_order[-1] == item.id, "the message closes last"
             part = item.done_events["response.content_part.done"]["part"]

@@ -16,6 +16,7 @@ import aiohttp
 import orjson
 import pytest
 from aiohttp import web
+from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.appkeys import RUNTIME
 from proxy.config import Config, parse
@@ -148,6 +149,22 @@ async def healthy(http: aiohttp.ClientSession, running: Running, upstream: FakeU
         status, _, raw = await post(http, running.url, BODY)
         assert status == 200, raw
         validate_response(orjson.loads(raw))
+
+
+async def scrape(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple], float]:
+    """The proxy's /metrics, by (sample name, sorted labels)."""
+    async with http.get(f"{url}/metrics") as response:
+        assert response.status == 200
+        text = await response.text()
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+    }
+
+
+def sample(metrics: dict, name: str, **labels: str) -> float:
+    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 # -- generations ------------------------------------------------------------------------------------

@@ -14,14 +14,13 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from proxy.config import Config, describe, parse
 from proxy.logs import JsonFormatter
 from tests.client import envelope, eventually, post_json
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, sglang_error
-from tests.harness import free_port
+from tests.harness import free_port, sample, scrape
 
 GEN = Generation(steps=[Step("text", "Hi"), Step("finish", finish_reason="stop")], completion_tokens=5)
 CHAT = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
@@ -180,21 +179,6 @@ async def test_a_request_that_reached_a_replica_is_not_retried(start_proxy, http
 
 
 # -- metrics ------------------------------------------------------------------------------------
-
-
-async def scrape(http: aiohttp.ClientSession, url: str) -> dict[tuple[str, tuple], float]:
-    async with http.get(f"{url}/metrics") as response:
-        assert response.status == 200
-        text = await response.text()
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(text)
-        for sample in family.samples
-    }
-
-
-def sample(metrics: dict, name: str, **labels: str) -> float:
-    return metrics.get((name, tuple(sorted(labels.items()))), 0.0)
 
 
 async def test_metrics_follow_traffic(upstream, start_proxy, http) -> None:

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import orjson
@@ -13,33 +16,46 @@ from ..appkeys import MODEL_PATTERN, RUNTIME
 from ..config import Target
 from ..errors import ProxyError
 from ..responses.plan import Call, TranslationSettings, plan_call
-from ..responses.schema import parse_request
+from ..responses.schema import parse_request, unknown_fields
+from ..responses.sealing import Sealer
 from ..responses.translate import ResponseTranslator, translate_completion
 from ..upstream.client import Exchange
 from .common import find_target, load_json, read_body, upstream_headers
 
 CHAT_PATH = "/v1/chat/completions"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE = b": keepalive\n\n"
+
+log = logging.getLogger("proxy")
 
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
-    parsed = parse_request(load_json(await read_body(request)))
+    runtime = request.app[RUNTIME]
+    data = load_json(await read_body(request))
+    parsed = parse_request(data)
+    fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
     target, client = find_target(request, parsed.model)
-    call = plan_call(parsed, translation_settings(target))
-    async with client.post(CHAT_PATH, call.chat, upstream_headers(request)) as exchange:
-        if call.stream:
-            response, output = await _stream(request, call, exchange, started)
-        else:
-            output = translate_completion(call, await exchange.read_body())
-            response = web.Response(body=orjson.dumps(output), content_type="application/json")
+    call = plan_call(parsed, translation_settings(target, runtime.sealer))
+    _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
+    try:
+        async with client.post(CHAT_PATH, call.chat, upstream_headers(request)) as exchange:
+            if call.stream:
+                response, output = await _stream(request, call, exchange, started)
+            else:
+                output = translate_completion(call, await exchange.read_body())
+                response = web.Response(body=orjson.dumps(output), content_type="application/json")
+    except ProxyError as error:
+        if not (call.stream and error.in_stream):
+            raise
+        response, output = await _failed_stream(request, call, error)
     usage = output and output["usage"]
     if usage:
-        request.app[RUNTIME].metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
+        runtime.metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
     return response
 
 
-def translation_settings(target: Target) -> TranslationSettings:
+def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
     upstream = target.upstream
     return TranslationSettings(
         model=target.model,
@@ -47,7 +63,19 @@ def translation_settings(target: Target) -> TranslationSettings:
         logprobs=upstream.logprobs,
         reasoning_field=None if upstream.reasoning_field == "none" else upstream.reasoning_field,
         defaults=upstream.defaults,
+        hosted_tools=upstream.hosted_tools,
+        late_system_role=upstream.late_system_messages,
+        sealer=sealer,
     )
+
+
+def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:
+    """Count what the request named that the upstream is not sent; log each kind once per
+    process, since the same client sends the same thing on every turn (design.md 8.1)."""
+    metrics = request.app[RUNTIME].metrics
+    for what in ignored:
+        if metrics.ignored(what):
+            log.info("ignored in requests from now on, and counted in proxy_ignored_total: %s", what)
 
 
 async def _stream(request: web.Request, call: Call, exchange: Exchange, started: float) -> tuple[web.StreamResponse, dict[str, Any] | None]:
@@ -59,20 +87,25 @@ async def _stream(request: web.Request, call: Call, exchange: Exchange, started:
     def first_token() -> None:
         metrics.first_token.labels(request[MODEL_PATTERN]).observe(time.monotonic() - started)
 
+    heartbeat = _Heartbeat(response, request.app[RUNTIME].config.keepalive)
     metrics.streams.inc()
     try:
-        whole = await _relay(response, translator, exchange, first_token)
+        whole = await _relay(response, translator, exchange, first_token, heartbeat)
+        heartbeat.stop()
         await response.write_eof()
     except ConnectionResetError:
         whole = False  # the client left before aiohttp cancelled us; leaving closes the upstream
     finally:
+        heartbeat.stop()
         metrics.streams.dec()
     if whole:
         await exchange.drain()
     return response, translator.response
 
 
-async def _relay(response: web.StreamResponse, translator: ResponseTranslator, exchange: Exchange, first_token: Callable[[], None]) -> bool:
+async def _relay(
+    response: web.StreamResponse, translator: ResponseTranslator, exchange: Exchange, first_token: Callable[[], None], heartbeat: _Heartbeat
+) -> bool:
     """One client write per upstream read, until the terminal event (design.md 4.10). False
     when the upstream broke off, so there is nothing left to drain."""
     await response.write(translator.start())
@@ -83,8 +116,60 @@ async def _relay(response: web.StreamResponse, translator: ResponseTranslator, e
         except ProxyError as error:
             await response.write(translator.fail(error))
             return False
-        await response.write(translator.feed(data) if data else translator.finish())
+        events = translator.feed(data) if data else translator.finish()
+        if events:
+            heartbeat.wrote()
+            await response.write(events)
         if waiting and translator.generating:
             waiting = False
             first_token()
     return True
+
+
+async def _failed_stream(request: web.Request, call: Call, error: ProxyError) -> tuple[web.StreamResponse, dict[str, Any] | None]:
+    """An error the client acts on from the event (design.md 8.7), as a stream of its own."""
+    translator = ResponseTranslator(call)
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    await response.write(translator.start() + translator.fail(error))
+    await response.write_eof()
+    return response, translator.response
+
+
+class _Heartbeat:
+    """An SSE comment on a stream that has had nothing to say for `period` seconds, so that
+    idle timers between the proxy and the client keep the connection (design.md 4.11). A
+    timer, not a timeout per read: reads come thousands of times a second."""
+
+    __slots__ = ("_response", "_period", "_loop", "_last", "_timer", "_beat")
+
+    def __init__(self, response: web.StreamResponse, period: float | None) -> None:
+        self._response = response
+        self._period = period
+        self._loop = asyncio.get_running_loop()
+        self._last = self._loop.time()
+        self._beat: asyncio.Task[None] | None = None
+        self._timer = None if period is None else self._loop.call_at(self._last + period, self._check)
+
+    def wrote(self) -> None:
+        self._last = self._loop.time()
+
+    def stop(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._beat is not None:
+            self._beat.cancel()  # a beat still waiting to write must not follow the last event
+
+    def _check(self) -> None:
+        assert self._period is not None
+        now = self._loop.time()
+        if now - self._last >= self._period and (self._beat is None or self._beat.done()):
+            # The relay is waiting on the upstream, so this write interleaves with none of its own.
+            self._beat = asyncio.create_task(self._send())
+            self._last = now
+        self._timer = self._loop.call_at(self._last + self._period, self._check)
+
+    async def _send(self) -> None:
+        with contextlib.suppress(ConnectionError):  # the client left: the relay finds out too
+            await self._response.write(KEEPALIVE)

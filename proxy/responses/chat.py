@@ -8,14 +8,19 @@ so both modes run through one translator.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import msgspec
 import orjson
 
-from ..errors import ProxyError, rejected_by_upstream
+from ..errors import ContextLengthExceeded, ProxyError, rejected_by_upstream
 
 _MAX_ERROR_TEXT = 1000
+# How SGLang, vLLM and llama.cpp word a prompt longer than the context (design.md 6.6): "The
+# input (N tokens) is longer than the model's context length", "This model's maximum context
+# length is N tokens", "the request exceeds the available context size" (exceed_context_size_error).
+_CONTEXT_OVERFLOW = re.compile(r"context length|context size|context window|context_length_exceeded|exceed_context_size", re.I)
 
 
 class TopLogprob(msgspec.Struct, gc=False):
@@ -98,22 +103,26 @@ def upstream_error(body: bytes, status: int | None = None) -> ProxyError:
     """The error an upstream reported, as an HTTP error body (with its `status`) or as a stream
     frame (whose integer `code` stands in for a status, design.md 6.6): SGLang's flat body,
     the OpenAI nested one, FastAPI's `detail`, or plain text."""
-    message, param, code = _error_fields(body)
+    message, param, code, kind = _error_fields(body)
     if status is None:
         status = code if isinstance(code, int) else 500
-    return rejected_by_upstream(status, message or f"the upstream reported an error ({status})", param)
+    message = message or f"the upstream reported an error ({status})"
+    if 400 <= status < 500 and _CONTEXT_OVERFLOW.search(f"{message} {code} {kind}"):
+        return ContextLengthExceeded(message, param=param)
+    return rejected_by_upstream(status, message, param)
 
 
-def _error_fields(body: bytes) -> tuple[str, str | None, Any]:
+def _error_fields(body: bytes) -> tuple[str, str | None, Any, Any]:
+    """The message, param, code and type of an error body."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:
-        return body.decode(errors="replace").strip()[:_MAX_ERROR_TEXT], None, None
+        return body.decode(errors="replace").strip()[:_MAX_ERROR_TEXT], None, None, None
     if not isinstance(data, dict):
-        return body.decode(errors="replace")[:_MAX_ERROR_TEXT], None, None
+        return body.decode(errors="replace")[:_MAX_ERROR_TEXT], None, None, None
     error = data["error"] if isinstance(data.get("error"), dict) else data
     message, param = error.get("message"), error.get("param")
     if not message and isinstance(data.get("detail"), (str, list)):  # FastAPI's own validation errors
         message = data["detail"]
     text = str(message).strip()[:_MAX_ERROR_TEXT] if message else ""
-    return text, param if isinstance(param, str) else None, error.get("code")
+    return text, param if isinstance(param, str) else None, error.get("code"), error.get("type")

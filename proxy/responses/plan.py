@@ -6,27 +6,41 @@ what the answer's translation needs) out.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
 
 import msgspec
 
 from ..errors import InvalidRequest
 from .logprobs import INCLUDE_LOGPROBS, SPEC_MAX_TOP_LOGPROBS, effective_top_logprobs
 from .schema import (
+    INCLUDE_ENCRYPTED_REASONING,
     ContentPart,
     CreateResponse,
+    CustomToolCall,
+    DroppedItem,
     FunctionCall,
-    FunctionCallOutput,
-    FunctionTool,
+    HostedTool,
+    HostedToolChoice,
     InputImage,
     Message,
+    Reasoning,
     ReasoningConfig,
+    Refusal,
     TextConfig,
     TextFormatJsonObject,
     TextFormatJsonSchema,
-    ToolChoiceFunction,
+    Tool,
+    ToolChoice,
+    ToolOutput,
 )
+from .sealing import Sealer
+from .tools import ToolTable, custom_arguments
+
+# The efforts chat servers accept; the others map to the nearest (design.md 8.1).
+_EFFORTS = {"low": "low", "medium": "medium", "high": "high", "minimal": "low", "none": "low"}
+_ECHOED_TRUNCATION = ("auto", "disabled")
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +52,10 @@ class TranslationSettings:
     logprobs: bool = True
     reasoning_field: str | None = "reasoning_content"
     defaults: dict[str, Any] | None = None
+    hosted_tools: Literal["drop", "reject"] = "drop"
+    # The role of system and developer messages after the first non-system item.
+    late_system_role: Literal["system", "user"] = "system"
+    sealer: Sealer | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,22 +66,32 @@ class Call:
     stream: bool
     logprobs: bool
     echo: dict[str, Any]
+    tools: ToolTable = field(default_factory=lambda: ToolTable(()))
+    summary: bool = False  # reasoning also goes out as summary events (design.md 8.5)
+    seal: Callable[[str], str] | None = None  # reasoning items carry `encrypted_content`
+    # What the request named that the upstream is not sent: `kind:name` each, for logs and metrics.
+    ignored: tuple[str, ...] = ()
 
 
 def plan_call(request: CreateResponse, settings: TranslationSettings) -> Call:
     """Translate a validated request into the chat request for the route behind `settings`."""
-    logprobs = INCLUDE_LOGPROBS in (request.include or ())
+    include = request.include or ()
+    logprobs = INCLUDE_LOGPROBS in include
     if logprobs and not settings.logprobs:
         raise InvalidRequest(
             f"Model '{request.model}' is served by an upstream without logprob support.",
             param="include",
             code="unsupported_parameter",
         )
+    ignored: list[str] = []
+    tools = _client_tools(request.tools or [], settings, ignored)
+    table = ToolTable(tools)
     top_logprobs = effective_top_logprobs(request.top_logprobs, settings.max_top_logprobs)
     stream = bool(request.stream)
+    effort = _effort(request.reasoning)
     chat: dict[str, Any] = dict(
         model=settings.model,
-        messages=_messages(request, settings.reasoning_field),
+        messages=_Conversation(table, settings, ignored).messages(request),
         stream=stream,
         max_completion_tokens=request.max_output_tokens,
         # Older servers only read max_tokens; newer ones prefer max_completion_tokens.
@@ -74,10 +102,10 @@ def plan_call(request: CreateResponse, settings: TranslationSettings) -> Call:
         frequency_penalty=request.frequency_penalty,
         user=request.user,
         parallel_tool_calls=request.parallel_tool_calls,
-        tools=[_chat_tool(tool) for tool in request.tools] if request.tools else None,
-        tool_choice=_chat_tool_choice(request.tool_choice),
+        tools=table.functions or None,
+        tool_choice=_chat_tool_choice(request.tool_choice, table, settings, ignored),
         response_format=_response_format(request.text),
-        reasoning_effort=request.reasoning.effort if request.reasoning else None,
+        reasoning_effort=effort,
     )
     if logprobs:
         chat.update(logprobs=True, top_logprobs=top_logprobs)
@@ -85,18 +113,53 @@ def plan_call(request: CreateResponse, settings: TranslationSettings) -> Call:
         chat["stream_options"] = {"include_usage": True}
     # The route's defaults fill in what the request leaves out.
     chat = {**(settings.defaults or {}), **{key: value for key, value in chat.items() if value is not None}}
-    return Call(chat=chat, stream=stream, logprobs=logprobs, echo=_echo(request, top_logprobs))
+    return Call(
+        chat=chat,
+        stream=stream,
+        logprobs=logprobs,
+        echo=_echo(request, tools, top_logprobs, effort),
+        tools=table,
+        summary=request.reasoning is not None and request.reasoning.summary is not None,
+        seal=settings.sealer.seal if settings.sealer and INCLUDE_ENCRYPTED_REASONING in include else None,
+        ignored=tuple(ignored),
+    )
 
 
-def _chat_tool(tool: FunctionTool) -> dict[str, Any]:
-    function = {"name": tool.name, "description": tool.description, "parameters": tool.parameters, "strict": tool.strict}
-    return {"type": "function", "function": {k: v for k, v in function.items() if v is not None}}
+def _client_tools(tools: list[Tool], settings: TranslationSettings, ignored: list[str]) -> list[Tool]:
+    """The tools the model is offered: hosted ones are dropped or refused, by the route's
+    policy (design.md 8.4)."""
+    for index, tool in enumerate(tools):
+        if isinstance(tool, HostedTool):
+            if settings.hosted_tools == "reject":
+                raise _hosted_refusal(tool.kind, f"tools[{index}].type")
+            ignored.append(f"tool:{tool.kind}")
+    return [tool for tool in tools if not isinstance(tool, HostedTool)]
 
 
-def _chat_tool_choice(choice: str | ToolChoiceFunction | None) -> str | dict[str, Any] | None:
-    if isinstance(choice, ToolChoiceFunction):
-        return {"type": "function", "function": {"name": choice.name}}
-    return choice
+def _hosted_refusal(kind: str, param: str) -> InvalidRequest:
+    return InvalidRequest(
+        f"The hosted tool '{kind}' needs OpenAI's servers; this route refuses it. "
+        "Set `hosted_tools: drop` on the upstream in the proxy's config to offer the model only the other tools.",
+        param=param,
+        code="unsupported_parameter",
+    )
+
+
+def _chat_tool_choice(choice: ToolChoice | None, table: ToolTable, settings: TranslationSettings, ignored: list[str]) -> Any:
+    if isinstance(choice, HostedToolChoice):
+        if settings.hosted_tools == "reject":
+            raise _hosted_refusal(choice.kind, "tool_choice.type")
+        ignored.append(f"tool_choice:{choice.kind}")
+        return None
+    if choice is None or isinstance(choice, str):
+        return choice
+    return {"type": "function", "function": {"name": table.chat_name(choice.name, choice.namespace)}}
+
+
+def _effort(reasoning: ReasoningConfig | None) -> str | None:
+    if reasoning is None or reasoning.effort is None:
+        return None
+    return _EFFORTS.get(reasoning.effort, "high")
 
 
 def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
@@ -112,96 +175,157 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
 def _part_text(parts: str | list[ContentPart]) -> str:
     if isinstance(parts, str):
         return parts
-    return "".join(part.text for part in parts if not isinstance(part, InputImage))
+    return "".join(part.refusal if isinstance(part, Refusal) else part.text for part in parts if not isinstance(part, InputImage))
+
+
+def _images(parts: str | list[ContentPart]) -> list[dict[str, Any]]:
+    return [_image(part) for part in parts if isinstance(part, InputImage)] if isinstance(parts, list) else []
+
+
+def _image(part: InputImage) -> dict[str, Any]:
+    url = {"url": part.image_url, "detail": part.detail} if part.detail else {"url": part.image_url}
+    return {"type": "image_url", "image_url": url}
 
 
 def _chat_content(parts: str | list[ContentPart]) -> str | list[dict[str, Any]]:
     """Text-only content becomes a plain string, which every chat template accepts."""
     if isinstance(parts, str) or not any(isinstance(part, InputImage) for part in parts):
         return _part_text(parts)
-    return [
-        {"type": "image_url", "image_url": {"url": p.image_url, "detail": p.detail} if p.detail else {"url": p.image_url}}
-        if isinstance(p, InputImage)
-        else {"type": "text", "text": p.text}
-        for p in parts
-    ]
+    return [_image(p) if isinstance(p, InputImage) else {"type": "text", "text": _part_text([p])} for p in parts]
 
 
-def _messages(request: CreateResponse, reasoning_field: str | None) -> list[dict[str, Any]]:
-    messages: list[dict[str, Any]] = []
-    if request.instructions:
-        messages.append({"role": "system", "content": request.instructions})
-    if isinstance(request.input, str):
-        messages.append({"role": "user", "content": request.input})
-        return messages
-    reasoning: list[str] = []
+class _Conversation:
+    """Input items -> chat messages (design.md 8.2)."""
 
-    def assistant() -> dict[str, Any]:
+    def __init__(self, table: ToolTable, settings: TranslationSettings, ignored: list[str]) -> None:
+        self._table = table
+        self._settings = settings
+        self._ignored = ignored
+        self._messages: list[dict[str, Any]] = []
+        self._system: list[str] = []  # instructions and leading system messages, merged
+        self._reasoning: list[str] = []  # replayed reasoning, for the next assistant turn
+        self._tool_images: list[dict[str, Any]] = []  # images in tool outputs, for after them
+
+    def messages(self, request: CreateResponse) -> list[dict[str, Any]]:
+        if request.instructions:
+            self._system.append(request.instructions)
+        items = [Message(role="user", content=request.input)] if isinstance(request.input, str) else request.input
+        for item in items:
+            self._item(item)
+        self._flush_tool_images()
+        if self._system:
+            self._messages.insert(0, {"role": "system", "content": "\n\n".join(self._system)})
+        return self._messages
+
+    def _item(self, item: Any) -> None:
+        table = self._table
+        if isinstance(item, Message) and item.role in ("system", "developer"):
+            if not self._messages and not self._reasoning:
+                self._system.append(_part_text(item.content))
+            else:
+                self._add({"role": self._settings.late_system_role, "content": _chat_content(item.content)})
+        elif isinstance(item, Message) and item.role == "assistant":
+            target = self._assistant()
+            target["content"] = target.get("content", "") + _part_text(item.content)
+        elif isinstance(item, Message):
+            self._add({"role": "user", "content": _chat_content(item.content)})
+        elif isinstance(item, FunctionCall):
+            self._tool_call(item.call_id, table.chat_name(item.name, item.namespace), item.arguments)
+        elif isinstance(item, CustomToolCall):
+            self._tool_call(item.call_id, table.chat_name(item.name, item.namespace), custom_arguments(item.input))
+        elif isinstance(item, ToolOutput):
+            self._add({"role": "tool", "tool_call_id": item.call_id, "content": _part_text(item.output)}, tool=True)
+            self._tool_images += _images(item.output)
+        elif isinstance(item, Reasoning):
+            text = self._reasoning_text(item)
+            if text:
+                self._reasoning.append(text)
+        elif isinstance(item, DroppedItem):
+            self._ignored.append(f"input:{item.kind}")
+
+    def _reasoning_text(self, item: Reasoning) -> str:
+        """Reasoning in the clear if the client sent it; else sealed by this proxy (design.md
+        8.6); else its summary, which here is the same text."""
+        if item.content:
+            return "".join(part.text for part in item.content)
+        if item.encrypted_content:
+            opened = self._settings.sealer.open(item.encrypted_content) if self._settings.sealer else None
+            if opened is not None:
+                return opened
+            self._ignored.append("input:unreadable_encrypted_content")
+        return "".join(part.text for part in item.summary)
+
+    def _tool_call(self, call_id: str, name: str, arguments: str) -> None:
+        call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+        self._assistant().setdefault("tool_calls", []).append(call)
+
+    def _assistant(self) -> dict[str, Any]:
         """The assistant message the next assistant item joins: the last one, or a new one."""
+        self._flush_tool_images()
+        messages = self._messages
         last = messages[-1] if messages else None
         if last is None or last["role"] != "assistant":
             last = {"role": "assistant"}
             messages.append(last)
-        if reasoning and reasoning_field:
-            last[reasoning_field] = (last.get(reasoning_field) or "") + "".join(reasoning)
-        reasoning.clear()
+        field = self._settings.reasoning_field
+        if self._reasoning and field:
+            last[field] = (last.get(field) or "") + "".join(self._reasoning)
+        self._reasoning.clear()
         return last
 
-    def add(message: dict[str, Any]) -> None:
+    def _add(self, message: dict[str, Any], *, tool: bool = False) -> None:
         """A user, system or tool message. Reasoning still pending ended the turn before it
         (a reasoning-only answer): it stays with that turn, not with a later one."""
-        if reasoning and reasoning_field:
-            assistant().setdefault("content", "")
-        reasoning.clear()
-        messages.append(message)
+        if self._reasoning and self._settings.reasoning_field:
+            self._assistant().setdefault("content", "")
+        self._reasoning.clear()
+        if not tool:
+            self._flush_tool_images()
+        self._messages.append(message)
 
-    for item in request.input:
-        if isinstance(item, Message) and item.role == "assistant":
-            target = assistant()
-            target["content"] = target.get("content", "") + _part_text(item.content)
-        elif isinstance(item, Message):
-            # `developer` is the Responses name for what chat templates know as `system`.
-            role = "system" if item.role == "developer" else item.role
-            add({"role": role, "content": _chat_content(item.content)})
-        elif isinstance(item, FunctionCall):
-            call = {"id": item.call_id, "type": "function", "function": {"name": item.name, "arguments": item.arguments}}
-            assistant().setdefault("tool_calls", []).append(call)
-        elif isinstance(item, FunctionCallOutput):
-            add({"role": "tool", "tool_call_id": item.call_id, "content": _part_text(item.output)})
-        else:
-            reasoning.extend(part.text for part in (item.content or item.summary))
-    return messages
+    def _flush_tool_images(self) -> None:
+        """Chat tool messages take text only: images a tool returned follow the tool
+        messages of their turn as a user message."""
+        if self._tool_images:
+            self._messages.append({"role": "user", "content": self._tool_images})
+            self._tool_images = []
 
 
-def _echo(request: CreateResponse, top_logprobs: int) -> dict[str, Any]:
-    """The request's settings as every Response object repeats them, defaults filled in."""
+def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort: str | None) -> dict[str, Any]:
+    """The request's settings as every Response object repeats them, as they were applied."""
     text = request.text or TextConfig()
     reasoning = request.reasoning or ReasoningConfig()
+    choice = request.tool_choice
     return {
         "model": request.model,
         "instructions": request.instructions,
         "previous_response_id": None,
-        "tools": [
-            {"type": "function", "name": t.name, "description": t.description, "parameters": t.parameters, "strict": t.strict}
-            for t in request.tools or ()
-        ],
-        "tool_choice": msgspec.to_builtins(request.tool_choice) if request.tool_choice is not None else "auto",
+        "tools": [msgspec.to_builtins(tool) for tool in tools],
+        "tool_choice": _echoed_choice(choice),
         "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
-        "text": msgspec.to_builtins(text),
-        "reasoning": msgspec.to_builtins(reasoning, builtin_types=None),
+        "text": {"format": msgspec.to_builtins(text.format), "verbosity": None},
+        "reasoning": {"effort": effort, "summary": reasoning.summary},
         "temperature": 1.0 if request.temperature is None else request.temperature,
         "top_p": 1.0 if request.top_p is None else request.top_p,
         "presence_penalty": request.presence_penalty or 0.0,
         "frequency_penalty": request.frequency_penalty or 0.0,
         "top_logprobs": top_logprobs,
         "max_output_tokens": request.max_output_tokens,
-        "max_tool_calls": None,
-        "truncation": request.truncation or "disabled",
+        "max_tool_calls": request.max_tool_calls,
+        "truncation": request.truncation if request.truncation in _ECHOED_TRUNCATION else "disabled",
         "store": False,
         "background": False,
-        "service_tier": request.service_tier or "default",
+        "service_tier": "default",
         "metadata": request.metadata or {},
         "user": request.user,
         "safety_identifier": request.safety_identifier,
         "prompt_cache_key": request.prompt_cache_key,
     }
+
+
+def _echoed_choice(choice: ToolChoice | None) -> Any:
+    if choice is None or isinstance(choice, HostedToolChoice):
+        return "auto"  # a dropped hosted tool leaves the model its choice (design.md 8.4)
+    if isinstance(choice, str):
+        return choice
+    return {key: value for key, value in msgspec.to_builtins(choice).items() if value is not None}

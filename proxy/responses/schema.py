@@ -7,14 +7,16 @@ offending field in OpenAI's `param` style (design.md 5.3).
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 import msgspec
 
 from ..errors import InvalidRequest
 
-# The `include` values of the Responses spec. Only the logprobs one has an effect here; the
-# others name hosted-tool outputs or encrypted reasoning, which this proxy never produces.
+# The `include` values of the Responses spec. The logprobs one turns scores on (design.md 3.1)
+# and `reasoning.encrypted_content` seals reasoning (design.md 8.6); the others name outputs of
+# hosted tools, which this proxy never produces: accepted as no-ops.
 INCLUDABLE = Literal[
     "file_search_call.results",
     "web_search_call.results",
@@ -25,11 +27,28 @@ INCLUDABLE = Literal[
     "reasoning.encrypted_content",
     "message.output_text.logprobs",
 ]
+INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
+
+# Input items that have no chat form: outputs of hosted tools and of server-side state
+# (design.md 8.2). A client replays them in its history; they are dropped, not refused.
+NO_CHAT_FORM = frozenset({
+    "file_search_call", "web_search_call", "computer_call", "computer_call_output",
+    "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output",
+    "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
+    "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
+    "tool_search_call", "tool_search_output", "additional_tools", "configuration_update",
+    "compaction", "compaction_trigger", "program", "program_output",
+})  # fmt: skip
+# Tools the model calls and the client runs; every other type is run by OpenAI's servers.
+CLIENT_TOOLS = frozenset({"function", "custom", "namespace"})
+# The tag that stands in for what a request names but the proxy drops (hosted tools, items
+# with no chat form), so that msgspec still reports later entries at their own index.
+_DROPPED = "dropped"
 
 
 class _Tagged(msgspec.Struct, tag_field="type"):
     """Input items, parts, tools and formats: `type` selects the struct; unknown keys (ids,
-    statuses, annotations of replayed output) are ignored."""
+    statuses, phases, annotations of replayed output) are ignored."""
 
 
 class InputText(_Tagged, tag="input_text"):
@@ -40,9 +59,13 @@ class OutputText(_Tagged, tag="output_text"):
     text: str
 
 
+class Refusal(_Tagged, tag="refusal"):
+    refusal: str
+
+
 class InputImage(_Tagged, tag="input_image"):
     image_url: str  # a URL or data URL: no file store here for `file_id`
-    detail: Literal["low", "high", "auto"] | None = None
+    detail: Literal["low", "high", "auto", "original"] | None = None
 
 
 class ReasoningText(_Tagged, tag="reasoning_text"):
@@ -53,7 +76,11 @@ class SummaryText(_Tagged, tag="summary_text"):
     text: str
 
 
-ContentPart = InputText | OutputText | InputImage
+ContentPart = InputText | OutputText | Refusal | InputImage
+
+CallId = Annotated[str, msgspec.Meta(min_length=1)]
+# The chat API's rule for function names, which the Responses API shares.
+FunctionName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
 
 
 class Message(_Tagged, tag="message"):
@@ -61,34 +88,88 @@ class Message(_Tagged, tag="message"):
     content: str | list[ContentPart]
 
 
-class FunctionCall(_Tagged, tag="function_call"):
-    call_id: Annotated[str, msgspec.Meta(min_length=1)]
+class _ToolCall(_Tagged):
+    call_id: CallId
     name: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class FunctionCall(_ToolCall, tag="function_call"):
     arguments: str
+    namespace: str | None = None
 
 
-class FunctionCallOutput(_Tagged, tag="function_call_output"):
-    call_id: Annotated[str, msgspec.Meta(min_length=1)]
+class CustomToolCall(_ToolCall, tag="custom_tool_call"):
+    input: str
+    namespace: str | None = None
+
+
+class ToolOutput(_Tagged):
+    call_id: CallId
     output: str | list[ContentPart]
+
+
+class FunctionCallOutput(ToolOutput, tag="function_call_output"):
+    pass
+
+
+class CustomToolCallOutput(ToolOutput, tag="custom_tool_call_output"):
+    pass
 
 
 class Reasoning(_Tagged, tag="reasoning"):
     summary: list[SummaryText] = []
     content: list[ReasoningText] | None = None
+    encrypted_content: str | None = None
 
 
-InputItem = Message | FunctionCall | FunctionCallOutput | Reasoning
+class DroppedItem(_Tagged, tag=_DROPPED):
+    kind: str  # the item's own type
+
+
+InputItem = Message | FunctionCall | FunctionCallOutput | CustomToolCall | CustomToolCallOutput | Reasoning | DroppedItem
 
 
 class FunctionTool(_Tagged, tag="function"):
-    name: Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
+    name: FunctionName
     parameters: dict[str, Any] | None = None
     description: str | None = None
     strict: bool | None = None
 
 
+class CustomTool(_Tagged, tag="custom"):
+    name: FunctionName
+    description: str | None = None
+    format: dict[str, Any] | None = None  # {"type": "text"} or {"type": "grammar", "syntax", "definition"}
+
+
+class NamespaceTool(_Tagged, tag="namespace"):
+    name: Annotated[str, msgspec.Meta(min_length=1)]
+    tools: list[FunctionTool | CustomTool]
+    description: str | None = None
+
+
+class HostedTool(_Tagged, tag=_DROPPED):
+    kind: str  # the tool's own type: web_search, file_search, mcp, ...
+
+
+Tool = FunctionTool | CustomTool | NamespaceTool | HostedTool
+
+
 class ToolChoiceFunction(_Tagged, tag="function"):
     name: str
+    namespace: str | None = None
+
+
+class ToolChoiceCustom(_Tagged, tag="custom"):
+    name: str
+    namespace: str | None = None
+
+
+class HostedToolChoice(_Tagged, tag=_DROPPED):
+    kind: str
+
+
+ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction | ToolChoiceCustom | HostedToolChoice
 
 
 class TextFormatText(_Tagged, tag="text"):
@@ -108,11 +189,11 @@ class TextFormatJsonSchema(_Tagged, tag="json_schema"):
 
 class TextConfig(msgspec.Struct):
     format: TextFormatText | TextFormatJsonObject | TextFormatJsonSchema = msgspec.field(default_factory=TextFormatText)
-    verbosity: Literal["low", "medium", "high"] | None = None
+    verbosity: str | None = None  # no chat equivalent: accepted, not sent
 
 
 class ReasoningConfig(msgspec.Struct):
-    effort: Literal["none", "minimal", "low", "medium", "high", "xhigh"] | None = None
+    effort: str | None = None  # any string: clients send efforts newer than any list (design.md 8.1)
     summary: Literal["auto", "concise", "detailed"] | None = None
 
 
@@ -120,7 +201,7 @@ Unit = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 
 
-class CreateResponse(msgspec.Struct, forbid_unknown_fields=True):
+class CreateResponse(msgspec.Struct):
     model: Annotated[str, msgspec.Meta(min_length=1)]
     input: Annotated[str, msgspec.Meta(min_length=1)] | Annotated[list[InputItem], msgspec.Meta(min_length=1)]
     instructions: str | None = None
@@ -131,8 +212,8 @@ class CreateResponse(msgspec.Struct, forbid_unknown_fields=True):
     top_p: Unit | None = None
     presence_penalty: Penalty | None = None
     frequency_penalty: Penalty | None = None
-    tools: list[FunctionTool] | None = None
-    tool_choice: Literal["none", "auto", "required"] | ToolChoiceFunction | None = None
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool | None = None
     text: TextConfig | None = None
     reasoning: ReasoningConfig | None = None
@@ -140,22 +221,34 @@ class CreateResponse(msgspec.Struct, forbid_unknown_fields=True):
     stream_options: dict[str, Any] | None = None
     store: bool | None = None
     metadata: dict[str, Annotated[str, msgspec.Meta(max_length=512)]] | None = None
+    # Accepted and ignored: they cannot change the generated tokens (design.md 5.4).
     user: str | None = None
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
-    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
-    truncation: Literal["auto", "disabled"] | None = None
+    prompt_cache_retention: str | None = None
+    service_tier: str | None = None
+    truncation: str | None = None
+    client_metadata: dict[str, Any] | None = None
+    # Caps calls of hosted tools, which the model here never makes.
+    max_tool_calls: Annotated[int, msgspec.Meta(ge=0)] | None = None
     # Accepted so that the refusal below can name them; the proxy cannot honour them.
     previous_response_id: str | None = None
     background: bool | None = None
-    max_tool_calls: int | None = None
     prompt: Any = None
     conversation: Any = None
 
 
-_UNKNOWN_FIELD = re.compile(r"unknown field `(?P<field>[^`]+)`")
+KNOWN_FIELDS = frozenset(CreateResponse.__struct_fields__)
 _MISSING_FIELD = re.compile(r"missing required field `(?P<field>[^`]+)`")
-_TOOL_TYPE = re.compile(r"^tools\[\d+\]\.type$")
+
+
+def unknown_fields(data: dict[str, Any], reject: bool) -> list[str]:
+    """The top-level fields of a request body that the schema does not know: ignored and
+    returned (to be logged and counted), or, with `reject`, refused (design.md 5.4)."""
+    unknown = [name for name in data if name not in KNOWN_FIELDS]
+    if unknown and reject:
+        raise InvalidRequest(f"Unknown parameter: '{unknown[0]}'.", param=unknown[0], code="unknown_parameter")
+    return unknown
 
 
 def parse_request(data: Any) -> CreateResponse:
@@ -163,16 +256,19 @@ def parse_request(data: Any) -> CreateResponse:
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
     tools = data.get("tools")
-    # msgspec lets a lone tagged struct leave out its tag; a tool must name its type.
-    for index, tool in enumerate(tools if isinstance(tools, list) else ()):
-        if isinstance(tool, dict) and "type" not in tool:
-            raise InvalidRequest(f"Missing 'tools[{index}].type'.", param=f"tools[{index}].type")
+    if isinstance(tools, list):
+        for index, tool in enumerate(tools):
+            if isinstance(tool, dict) and "type" not in tool:  # msgspec lets a lone tagged struct leave out its tag
+                raise InvalidRequest(f"Missing 'tools[{index}].type'.", param=f"tools[{index}].type")
+        tools[:] = [_stand_in(tool, lambda kind: kind not in CLIENT_TOOLS) for tool in tools]
     items = data.get("input")
     if isinstance(items, list):
-        # EasyInputMessage: a `{role, content}` item may leave out its type.
         for item in items:
-            if isinstance(item, dict) and "type" not in item and "role" in item:
+            if isinstance(item, dict) and "type" not in item and "role" in item:  # EasyInputMessage may leave out its type
                 item["type"] = "message"
+        items[:] = [_stand_in(item, NO_CHAT_FORM.__contains__) for item in items]
+    if "tool_choice" in data:
+        data["tool_choice"] = _stand_in(data["tool_choice"], lambda kind: kind not in ("function", "custom"))
     try:
         request = msgspec.convert(data, CreateResponse)
     except msgspec.ValidationError as exc:
@@ -181,18 +277,18 @@ def parse_request(data: Any) -> CreateResponse:
     return request
 
 
+def _stand_in(entry: Any, dropped: Callable[[str], bool]) -> Any:
+    """The entry, or the stand-in for it when its type is one the proxy drops."""
+    kind = entry.get("type") if isinstance(entry, dict) else None
+    return {"type": _DROPPED, "kind": kind} if isinstance(kind, str) and dropped(kind) else entry
+
+
 def _validation_error(text: str) -> InvalidRequest:
-    unknown = _UNKNOWN_FIELD.search(text)
-    if unknown:
-        field = unknown["field"]
-        return InvalidRequest(f"Unknown parameter: '{field}'.", param=field, code="unknown_parameter")
     message, _, where = text.partition(" - at `$")
     path = where.rstrip("`").removeprefix(".")
     missing = _MISSING_FIELD.search(message)
     if missing:
         path = f"{path}.{missing['field']}" if path else missing["field"]
-    if _TOOL_TYPE.match(path):
-        message += "; only 'function' tools are supported (hosted tools need OpenAI's servers)"
     return InvalidRequest(f"Invalid '{path or 'body'}': {message}.", param=path or None)
 
 
@@ -200,7 +296,6 @@ def _refuse_unsupported(request: CreateResponse) -> None:
     for param, value in (
         ("previous_response_id", request.previous_response_id),
         ("background", request.background or None),
-        ("max_tool_calls", request.max_tool_calls),
         ("prompt", request.prompt),
         ("conversation", request.conversation),
     ):
@@ -213,9 +308,16 @@ def _refuse_unsupported(request: CreateResponse) -> None:
     if request.stream_options is not None and not request.stream:
         raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     choice = request.tool_choice
-    if isinstance(choice, ToolChoiceFunction) and choice.name not in {t.name for t in request.tools or ()}:
-        raise InvalidRequest(
-            f"tool_choice names the function '{choice.name}', which is not in 'tools'.", param="tool_choice.name"
-        )
+    if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom) and not any(
+        (choice.namespace, choice.name) in declared for declared in map(_declared, request.tools or ())
+    ):
+        raise InvalidRequest(f"tool_choice names the tool '{choice.name}', which is not in 'tools'.", param="tool_choice.name")
+
+
+def _declared(tool: Tool) -> set[tuple[str | None, str]]:
+    """The (namespace, name) pairs a tool declares."""
+    if isinstance(tool, NamespaceTool):
+        return {(tool.name, member.name) for member in tool.tools}
+    return set() if isinstance(tool, HostedTool) else {(None, tool.name)}
 
 

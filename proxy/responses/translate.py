@@ -27,9 +27,11 @@ from .chat import Chunk, Delta, ToolCallDelta, Usage, decode_chunk, upstream_err
 from .logprobs import response_logprobs
 from .plan import Call
 from .sse import SSEDecoder
+from .tools import ToolRef, custom_input
 
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _SSE_DONE = b"data: [DONE]\n\n"
+_UNNAMED = ToolRef("")
 
 
 IdSource = Callable[[str], str]  # prefix -> a new unique id with that prefix
@@ -55,11 +57,12 @@ class _OpenItem:
 class _ToolCall:
     """A tool call as its deltas accumulate; it becomes an item once its id and name are known."""
 
-    __slots__ = ("call_id", "name", "arguments", "item")
+    __slots__ = ("call_id", "name", "ref", "arguments", "item")
 
     def __init__(self) -> None:
         self.call_id: str | None = None
-        self.name: str | None = None
+        self.name: str | None = None  # the chat function's name
+        self.ref = _UNNAMED  # the client's tool behind it, once the name is known
         self.arguments: list[str] = []
         self.item: _OpenItem | None = None
 
@@ -197,9 +200,13 @@ class ResponseTranslator:
                 {"id": self._new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [], "content": []}
             )
             self._emit_part("response.content_part.added", item, {"type": "reasoning_text", "text": ""})
+            if self._call.summary:
+                self._emit_summary_part("response.reasoning_summary_part.added", item, "")
         item.parts.append(text)
         self._generating = item
         self._emit("response.reasoning_text.delta", **item.at, content_index=0, delta=text)
+        if self._call.summary:
+            self._emit("response.reasoning_summary_text.delta", **item.at, summary_index=0, delta=text)
 
     def _text(self, text: str) -> None:
         self._close_current()
@@ -220,10 +227,12 @@ class ResponseTranslator:
         call.call_id = call.call_id or delta.id
         function = delta.function
         if function is not None:
-            call.name = call.name or function.name
+            if call.name is None and function.name:
+                call.name = function.name
+                call.ref = self._call.tools.lookup(function.name)
             if function.arguments:
                 call.arguments.append(function.arguments)
-                if call.item is not None:
+                if call.item is not None and not call.ref.custom:
                     self._emit("response.function_call_arguments.delta", **call.item.at, delta=function.arguments)
         if call.item is None and call.call_id and call.name:
             self._open_call(call)
@@ -245,20 +254,20 @@ class ResponseTranslator:
         return self._message
 
     def _open_call(self, call: _ToolCall) -> None:
+        """A function call, or a custom tool call (design.md 8.4), under the client's name."""
         self._close_current()
-        item = call.item = self._current = self._open(
-            {
-                "id": self._new_id("fc"),
-                "type": "function_call",
-                "status": "in_progress",
-                "call_id": call.call_id or self._new_id("call"),
-                "name": call.name,
-                "arguments": "",
-            }
-        )
+        ref = call.ref
+        fields: dict[str, Any] = {"call_id": call.call_id or self._new_id("call"), "name": ref.name}
+        if ref.namespace is not None:
+            fields["namespace"] = ref.namespace
+        if ref.custom:
+            opened = {"id": self._new_id("ctc"), "type": "custom_tool_call", "status": "in_progress", **fields, "input": ""}
+        else:
+            opened = {"id": self._new_id("fc"), "type": "function_call", "status": "in_progress", **fields, "arguments": ""}
+        item = call.item = self._current = self._open(opened)
         item.parts = call.arguments  # one list: fragments that come later are the item's too
         # Fragments that came before the id and name were known.
-        if call.arguments:
+        if call.arguments and not ref.custom:
             self._emit("response.function_call_arguments.delta", **item.at, delta="".join(call.arguments))
 
     def _close_current(self, status: str = "completed") -> None:
@@ -267,15 +276,33 @@ class ResponseTranslator:
             return
         self._current = None
         text = "".join(item.parts)
-        if item.item["type"] == "reasoning":
-            part = {"type": "reasoning_text", "text": text}
-            self._emit("response.reasoning_text.done", **item.at, content_index=0, text=text)
-            self._emit_part("response.content_part.done", item, part)
-            item.item["content"] = [part]
+        kind = item.item["type"]
+        if kind == "reasoning":
+            self._close_reasoning(item, text)
+        elif kind == "custom_tool_call":
+            # The input streams as one delta once the call is whole: the model writes it
+            # inside a JSON string, which only then decodes (design.md 8.4).
+            text = custom_input(text)
+            if text:
+                self._emit("response.custom_tool_call_input.delta", **item.at, delta=text)
+            self._emit("response.custom_tool_call_input.done", **item.at, input=text)
+            item.item["input"] = text
         else:
             self._emit("response.function_call_arguments.done", **item.at, arguments=text)
             item.item["arguments"] = text
         self._close(item, status)
+
+    def _close_reasoning(self, item: _OpenItem, text: str) -> None:
+        part = {"type": "reasoning_text", "text": text}
+        self._emit("response.reasoning_text.done", **item.at, content_index=0, text=text)
+        self._emit_part("response.content_part.done", item, part)
+        item.item["content"] = [part]
+        if self._call.summary:
+            # The model has no summariser: its reasoning is its summary (design.md 8.5).
+            self._emit("response.reasoning_summary_text.done", **item.at, summary_index=0, text=text)
+            item.item["summary"] = [self._emit_summary_part("response.reasoning_summary_part.done", item, text)]
+        if self._call.seal is not None:
+            item.item["encrypted_content"] = self._call.seal(text)
 
     def _close_message(self, status: str) -> None:
         message = self._message
@@ -383,6 +410,11 @@ class ResponseTranslator:
 
     def _emit_part(self, event: str, item: _OpenItem, part: dict[str, Any]) -> None:
         self._emit(event, **item.at, content_index=0, part=part)
+
+    def _emit_summary_part(self, event: str, item: _OpenItem, text: str) -> dict[str, Any]:
+        part = {"type": "summary_text", "text": text}
+        self._emit(event, **item.at, summary_index=0, part=part)
+        return part
 
     def _emit(self, event: str, **fields: Any) -> None:
         if not self._streaming:

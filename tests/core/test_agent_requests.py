@@ -1,0 +1,288 @@
+"""What agent clients send, planned into chat requests (design.md 8.1-8.4, 8.6). No I/O."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import orjson
+import pytest
+
+from proxy.errors import InvalidRequest
+from proxy.responses.plan import Call, TranslationSettings, plan_call
+from proxy.responses.schema import NO_CHAT_FORM, parse_request, unknown_fields
+from proxy.responses.sealing import Sealer, derive_key
+from tests.agents import codex_turn, namespace, web_search
+from tests.core.test_request import CALL, CALL_ITEM, IMAGE, WEATHER, msg
+
+SEALER = Sealer(derive_key("test key"))
+
+
+def plan(body: dict[str, Any], **settings: Any) -> Call:
+    return plan_call(parse_request({"model": "m", **body}), TranslationSettings("upstream-model", **settings))
+
+
+def sent(body: dict[str, Any], **settings: Any) -> dict[str, Any]:
+    return plan(body, **settings).chat
+
+
+def function_names(chat: dict[str, Any]) -> list[str]:
+    return [tool["function"]["name"] for tool in chat.get("tools", [])]
+
+
+def call_item(name: str, namespace: str | None = None, call_id: str = "call_1", arguments: str = "{}") -> dict:
+    item = {"type": "function_call", "call_id": call_id, "name": name, "arguments": arguments}
+    return item if namespace is None else {**item, "namespace": namespace}
+
+
+def chat_call(name: str, call_id: str = "call_1", arguments: str = "{}") -> dict:
+    return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
+
+
+# -- fields that cannot change the tokens (8.1) ---------------------------------------------------
+
+HARMLESS = {
+    "client_metadata": {"turn_id": "t", "session_id": "s"},
+    "prompt_cache_key": "0000",
+    "prompt_cache_retention": "24h",
+    "service_tier": "priority",
+    "user": None,
+    "safety_identifier": "someone",
+    "metadata": {"k": "v"},
+    "store": False,
+    "max_tool_calls": 3,
+    "truncation": "auto",
+    "text": {"verbosity": "loud"},
+}
+
+
+@pytest.mark.parametrize(("field", "value"), HARMLESS.items(), ids=HARMLESS.keys())
+def test_fields_that_cannot_change_the_tokens_are_accepted_and_not_sent(field: str, value: Any) -> None:
+    assert sent({"input": "hi", field: value}) == sent({"input": "hi"})
+
+
+def test_unknown_fields_are_ignored_or_refused() -> None:
+    data = {"model": "m", "input": "hi", "frobnicate": 1, "seed": 7}
+    assert unknown_fields(data, reject=False) == ["frobnicate", "seed"]
+    assert unknown_fields({"model": "m", "input": "hi", **HARMLESS}, reject=True) == []
+    with pytest.raises(InvalidRequest) as refused:
+        unknown_fields(data, reject=True)
+    assert (refused.value.param, refused.value.code) == ("frobnicate", "unknown_parameter")
+    assert sent(data) == sent({"input": "hi"})  # parsing itself never trips on them
+
+
+@pytest.mark.parametrize(
+    ("effort", "upstream"),
+    [("low", "low"), ("medium", "medium"), ("high", "high"), ("minimal", "low"), ("none", "low"), ("xhigh", "high"), ("max", "high")],
+)
+def test_any_effort_maps_to_one_the_upstream_takes(effort: str, upstream: str) -> None:
+    call = plan({"input": "hi", "reasoning": {"effort": effort, "summary": "auto"}})
+    assert call.chat["reasoning_effort"] == upstream
+    assert call.echo["reasoning"] == {"effort": upstream, "summary": "auto"}
+
+
+# -- input items (8.2) ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", sorted(NO_CHAT_FORM))
+def test_items_with_no_chat_form_are_dropped_and_reported(kind: str) -> None:
+    call = plan({"input": [msg("user", "q"), {"type": kind, "id": "x", "status": "completed"}, msg("user", "more")]})
+    assert call.chat["messages"] == [{"role": "user", "content": "q"}, {"role": "user", "content": "more"}]
+    assert call.ignored == (f"input:{kind}",)
+
+
+def test_ids_statuses_and_phases_are_ignored() -> None:
+    items = [
+        {**msg("user", "q"), "id": "msg_1"},
+        {**msg("assistant", [{"type": "output_text", "text": "a", "annotations": [], "logprobs": []}]), "id": "msg_2", "status": "completed", "phase": "final_answer"},
+        {**CALL_ITEM, "id": "fc_1", "status": "completed"},
+        {"type": "function_call_output", "id": "fco_1", "call_id": "call_1", "output": "ok", "status": "completed"},
+    ]
+    assert sent({"input": items})["messages"] == [
+        {"role": "user", "content": "q"},
+        {"role": "assistant", "content": "a", "tool_calls": [CALL]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "ok"},
+    ]
+
+
+def test_images_a_tool_returned_follow_the_tool_messages_of_their_turn() -> None:
+    """design.md 8.2: chat tool messages take text; a user message after them carries the images."""
+    image = {"type": "input_image", "image_url": IMAGE}
+    items = [
+        call_item("view_image", call_id="a"),
+        call_item("view_image", call_id="b"),
+        {"type": "function_call_output", "call_id": "a", "output": [{"type": "input_text", "text": "first"}, image]},
+        {"type": "function_call_output", "call_id": "b", "output": [image]},
+        msg("assistant", "two images"),
+    ]
+    messages = sent({"input": items})["messages"]
+    assert [m["role"] for m in messages] == ["assistant", "tool", "tool", "user", "assistant"]
+    assert messages[1]["content"] == "first" and messages[2]["content"] == ""
+    assert messages[3]["content"] == [{"type": "image_url", "image_url": {"url": IMAGE}}] * 2
+
+
+# -- namespaces (8.3) -----------------------------------------------------------------------------
+
+
+def test_namespace_members_become_functions_with_names_the_chat_api_accepts() -> None:
+    tools = [WEATHER, namespace("multi_agent_v1", "spawn_agent", "wait_agent"), namespace("mcp.git hub", "log")]
+    chat = sent({"input": "hi", "tools": tools})
+    names = function_names(chat)
+    assert names == ["weather", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait_agent", "mcp_git_hub__log"]
+    described = chat["tools"][1]["function"]["description"]
+    assert described.startswith("the multi_agent_v1 tools") and described.endswith("spawn_agent does its job")
+
+
+def test_namespaced_names_yield_to_plain_functions_and_stay_under_64() -> None:
+    plain = {**WEATHER, "name": "team__weather"}
+    long = namespace("n" * 60, "tool_with_a_long_name")
+    chat = sent({"input": "hi", "tools": [namespace("team", "weather"), plain, long]})
+    clashed, kept, shortened = function_names(chat)
+    assert kept == "team__weather"
+    assert clashed != "team__weather" and clashed.startswith("team__weather_")
+    assert len(shortened) == 64 and len(clashed) <= 64
+    for name in function_names(chat):
+        assert name.replace("_", "").replace("-", "").isalnum()
+
+
+def test_a_replayed_namespaced_call_maps_to_the_name_the_model_saw() -> None:
+    tools = [namespace("team", "weather"), {**WEATHER, "name": "team__weather"}]
+    items = [msg("user", "q"), call_item("weather", namespace="team"), call_item("team__weather", call_id="call_2")]
+    chat = sent({"input": items, "tools": tools})
+    offered = function_names(chat)
+    calls = chat["messages"][1]["tool_calls"]
+    assert [c["function"]["name"] for c in calls] == [offered[0], "team__weather"]
+    # Without the tools on this turn, the name is still the one the namespace alone gets.
+    alone = sent({"input": items})["messages"][1]["tool_calls"][0]["function"]["name"]
+    assert alone == "team__weather"
+
+
+def test_the_translator_gets_the_client_names_back() -> None:
+    table = plan({"input": "hi", "tools": [WEATHER, namespace("team", "weather")]}).tools
+    plain, member = (table.lookup(function["function"]["name"]) for function in table.functions)
+    assert (plain.name, plain.namespace) == ("weather", None)
+    assert (member.name, member.namespace) == ("weather", "team")
+    assert table.lookup("made_up").name == "made_up" and table.lookup("made_up").namespace is None
+
+
+def test_tool_choice_names_a_namespaced_function_by_its_chat_name() -> None:
+    chat = sent({"input": "hi", "tools": [namespace("team", "weather")], "tool_choice": {"type": "function", "name": "weather", "namespace": "team"}})
+    assert chat["tool_choice"] == {"type": "function", "function": {"name": "team__weather"}}
+
+
+# -- custom tools (8.4) ---------------------------------------------------------------------------
+
+GRAMMAR = {"type": "grammar", "syntax": "lark", "definition": 'start: "*** Begin Patch" /.+/'}
+APPLY_PATCH = {"type": "custom", "name": "apply_patch", "description": "Edit files.", "format": GRAMMAR}
+
+
+def test_a_custom_tool_is_a_function_of_one_string() -> None:
+    (tool,) = sent({"input": "hi", "tools": [APPLY_PATCH]})["tools"]
+    function = tool["function"]
+    assert function["name"] == "apply_patch"
+    assert function["parameters"]["required"] == ["input"]
+    assert function["parameters"]["properties"] == {"input": {"type": "string"}}
+    assert function["description"].startswith("Edit files.")
+    assert "lark grammar" in function["description"] and GRAMMAR["definition"] in function["description"]
+
+
+def test_replayed_custom_tool_calls_and_outputs() -> None:
+    items = [
+        msg("user", "patch it"),
+        {"type": "custom_tool_call", "id": "ctc_1", "status": "completed", "call_id": "c1", "name": "apply_patch", "input": 'a "quoted"\nline'},
+        {"type": "custom_tool_call_output", "id": "ctco_1", "call_id": "c1", "output": "Success."},
+    ]
+    messages = sent({"input": items, "tools": [APPLY_PATCH]})["messages"]
+    arguments = orjson.dumps({"input": 'a "quoted"\nline'}).decode()
+    assert messages[1:] == [
+        {"role": "assistant", "tool_calls": [chat_call("apply_patch", "c1", arguments)]},
+        {"role": "tool", "tool_call_id": "c1", "content": "Success."},
+    ]
+
+
+# -- hosted tools (8.4) ---------------------------------------------------------------------------
+
+
+def test_hosted_tools_are_dropped_by_default() -> None:
+    tools = [WEATHER, web_search(), {"type": "tool_search", "execution": "client"}, {"type": "mcp", "server_label": "x"}]
+    call = plan({"input": "hi", "tools": tools, "tool_choice": {"type": "web_search"}})
+    assert function_names(call.chat) == ["weather"]
+    assert "tool_choice" not in call.chat
+    assert call.ignored == ("tool:web_search", "tool:tool_search", "tool:mcp", "tool_choice:web_search")
+    assert [tool["name"] for tool in call.echo["tools"]] == ["weather"]
+    assert call.echo["tool_choice"] == "auto"
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tools": [WEATHER, web_search()]}, "tools[1].type"),
+        ({"tools": [WEATHER], "tool_choice": {"type": "file_search"}}, "tool_choice.type"),
+    ],
+)
+def test_hosted_tools_are_refused_when_the_route_says_so(body: dict, param: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        plan({"input": "hi", **body}, hosted_tools="reject")
+    assert refused.value.param == param
+    assert "hosted_tools: drop" in refused.value.message
+
+
+# -- sealed reasoning (8.6) -----------------------------------------------------------------------
+
+
+def reasoning_item(**fields: Any) -> dict:
+    return {"type": "reasoning", "id": "rs_1", "summary": [], **fields}
+
+
+@pytest.mark.parametrize(
+    ("fields", "text"),
+    [
+        ({"content": [{"type": "reasoning_text", "text": "in the clear"}], "encrypted_content": SEALER.seal("sealed")}, "in the clear"),
+        ({"encrypted_content": SEALER.seal("sealed"), "summary": [{"type": "summary_text", "text": "summed up"}]}, "sealed"),
+        ({"encrypted_content": None, "summary": [{"type": "summary_text", "text": "summed up"}]}, "summed up"),
+    ],
+    ids=["content-first", "sealed-next", "summary-last"],
+)
+def test_replayed_reasoning_text(fields: dict, text: str) -> None:
+    call = plan({"input": [msg("user", "q"), reasoning_item(**fields), CALL_ITEM]}, sealer=SEALER)
+    assert call.chat["messages"][1]["reasoning_content"] == text
+    assert call.ignored == ()
+
+
+@pytest.mark.parametrize(
+    "blob",
+    [Sealer(derive_key("another key")).seal("theirs"), SEALER.seal("mine")[:-4] + "AAAA", "gAAAAABopaque", "rp1.!!!", "rp1."],
+    ids=["other-key", "tampered", "foreign", "not-base64", "empty"],
+)
+def test_a_blob_that_does_not_open_is_dropped_not_refused(blob: str) -> None:
+    call = plan({"input": [msg("user", "q"), reasoning_item(encrypted_content=blob), CALL_ITEM]}, sealer=SEALER)
+    assert "reasoning_content" not in call.chat["messages"][1]
+    assert call.ignored == ("input:unreadable_encrypted_content",)
+
+
+def test_reasoning_is_sealed_only_when_asked() -> None:
+    assert plan({"input": "hi"}, sealer=SEALER).seal is None
+    seal = plan({"input": "hi", "include": ["reasoning.encrypted_content"]}, sealer=SEALER).seal
+    assert seal is not None
+    assert SEALER.open(seal("my thoughts")) == "my thoughts"
+    assert seal("my thoughts") != seal("my thoughts")  # a fresh nonce each time
+
+
+# -- a whole Codex turn ---------------------------------------------------------------------------
+
+
+def test_codex_first_turn() -> None:
+    call = plan(codex_turn(1))
+    messages = call.chat["messages"]
+    assert [m["role"] for m in messages] == ["system", "user", "user"]
+    assert messages[0]["content"] == "You are Codex.\n\nSkills and permissions."
+    assert function_names(call.chat) == ["exec_command", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait_agent"]
+    assert call.summary and call.seal is None  # no sealer configured here
+    assert call.ignored == ("tool:web_search",)
+
+
+def test_codex_turn_after_a_tool_call() -> None:
+    messages = plan(codex_turn(2)).chat["messages"]
+    assert messages[-2:] == [
+        {"role": "assistant", "reasoning_content": "I will run ls.", "tool_calls": [chat_call("exec_command", "call_1", '{"cmd":"ls"}')]},
+        {"role": "tool", "tool_call_id": "call_1", "content": "hello.txt\n"},
+    ]

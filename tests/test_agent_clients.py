@@ -1,0 +1,199 @@
+"""Agent clients' requests through the real proxy (design.md 8): what they send is served, what
+the proxy leaves out is counted and logged once, the errors they act on come as they read
+them, and sealed reasoning survives a hop to another replica."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from proxy.config import parse
+from tests.agents import codex_turn, web_search
+from tests.client import CONTEXT_LENGTH_EXCEEDED, LOGPROBS, envelope, parse_sse, read_events
+from tests.events import check_stream, sent_scores
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score, sglang_error, vllm_error
+from tests.harness import BODY, post, sample, scrape
+
+IGNORED = "proxy_ignored_total"
+
+
+def agent_turn() -> Generation:
+    return Generation([
+        Step("reasoning", "I will run ls.", [score("I"), score(" will")]),
+        Step("tool", '{"cmd":', [score('{"cmd":')], tool_id="call_1", tool_name="exec_command"),
+        Step("tool", '"ls"}', [score('"ls"}')]),
+        Step("tool", "{}", [score("{}")], tool_index=1, tool_id="call_2", tool_name="multi_agent_v1__wait_agent"),
+        Step("finish", finish_reason="tool_calls"),
+    ])
+
+
+async def streamed(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> tuple[bytes, list[dict]]:
+    """The raw stream and its events (comments skipped)."""
+    async with http.post(f"{url}/v1/responses", json={**body, "stream": True}) as response:
+        assert response.status == 200, await response.text()
+        raw = await response.read()
+    frames = [frame for frame in raw.split(b"\n\n") if frame and not frame.startswith(b":")]
+    return raw, parse_sse(b"\n\n".join(frames) + b"\n\n")
+
+
+async def test_a_codex_turn_is_served(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    gen = agent_turn()
+    upstream.script(Reply(gen))
+    _, events = await streamed(http, proxy, {**codex_turn(1), "include": ["reasoning.encrypted_content", *LOGPROBS]})
+    stream = check_stream(events)
+    assert stream.terminal == "response.completed"
+    reasoning, command, wait = stream.response["output"][:3]
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "I will run ls."}]
+    assert isinstance(reasoning["encrypted_content"], str)
+    assert (command["name"], command["arguments"], "namespace" in command) == ("exec_command", '{"cmd":"ls"}', False)
+    assert (wait["name"], wait["namespace"]) == ("wait_agent", "multi_agent_v1")
+    assert stream.logprobs == sent_scores(gen.chunks())
+    (sent,) = upstream.requests
+    assert [tool["function"]["name"] for tool in sent["tools"]] == ["exec_command", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait_agent"]
+
+
+async def test_left_out_things_are_counted_and_logged_once(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
+) -> None:
+    upstream.script(Reply(agent_turn()))
+    body = {**BODY, "tools": [web_search()], "frobnicate": {"a": 1}, "input": [{"type": "web_search_call", "id": "ws_1"}, {"role": "user", "content": "hi"}]}
+    with caplog.at_level(logging.INFO, logger="proxy"):
+        for _ in range(3):
+            status, _, raw = await post(http, proxy, body)
+            assert status == 200, raw
+    metrics = await scrape(http, proxy)
+    for what in ("field:frobnicate", "tool:web_search", "input:web_search_call"):
+        assert sample(metrics, IGNORED, what=what) == 3
+        assert len([r for r in caplog.records if r.getMessage().endswith(what)]) == 1
+    assert "frobnicate" not in upstream.requests[0] and "tools" not in upstream.requests[0]
+
+
+async def test_the_ignored_metric_keeps_its_labels_bounded(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(Reply(agent_turn()))
+    await asyncio.gather(*(post(http, proxy, {**BODY, f"field_{i}": 1}) for i in range(300)))
+    metrics = await scrape(http, proxy)
+    labelled = {dict(labels)["what"] for name, labels in metrics if name == IGNORED}
+    assert len(labelled) == 257 and "other" in labelled
+    assert sum(value for (name, _), value in metrics.items() if name == IGNORED) == 300
+
+
+@pytest.mark.parametrize(
+    ("setting", "body", "param"),
+    [
+        ({"requests": {"unknown_fields": "reject"}}, {"frobnicate": 1}, "frobnicate"),
+        ({"upstreams": [{"hosted_tools": "reject"}]}, {"tools": [web_search()]}, "tools[0].type"),
+    ],
+    ids=["unknown-field", "hosted-tool"],
+)
+@pytest.mark.parametrize("streaming", [False, True], ids=["plain", "stream"])
+async def test_strict_settings_refuse_what_is_otherwise_left_out(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, setting: dict, body: dict, param: str, streaming: bool
+) -> None:
+    config: dict[str, Any] = {"upstreams": [{"name": "default", "urls": [upstream.url]}]}
+    for key, value in setting.items():
+        config[key] = [{**config[key][0], **value[0]}] if key == "upstreams" else value
+
+    url = await start_proxy(parse(config))
+    status, _, raw = await post(http, url, {**BODY, **body, "stream": streaming})
+    assert status == 400, raw
+    assert envelope(orjson.loads(raw))["param"] == param
+    assert upstream.requests == []
+
+
+# -- context overflow (8.7) -----------------------------------------------------------------------
+
+OVERFLOWS = {
+    "sglang": sglang_error(400, "The input (40000 tokens) is longer than the model's context length (32768 tokens)."),
+    "vllm": vllm_error(400, "This model's maximum context length is 32768 tokens. However, you requested 40000 tokens. Please reduce the length of the messages."),
+    "llama.cpp": Reply(
+        status=400,
+        body={"error": {"code": 400, "message": "the request exceeds the available context size, try increasing it", "type": "exceed_context_size_error", "n_prompt_tokens": 1200, "n_ctx": 512}},
+    ),
+}
+
+
+@pytest.mark.parametrize("reply", OVERFLOWS.values(), ids=OVERFLOWS.keys())
+async def test_a_prompt_over_the_context_fails_the_stream_as_codex_reads_it(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, sdk: openai.AsyncOpenAI, reply: Reply
+) -> None:
+    upstream.script(reply, reply, reply)
+    _, events = await streamed(http, proxy, BODY)
+    stream = check_stream(events)
+    assert [e["type"] for e in events] == ["response.created", "response.in_progress", "error", "response.failed"]
+    assert stream.response["error"]["code"] == events[-2]["code"] == CONTEXT_LENGTH_EXCEEDED
+    # Not streamed: a 400 with the code, as the SDK raises it.
+    status, _, raw = await post(http, proxy, BODY)
+    assert status == 400
+    envelope(orjson.loads(raw), CONTEXT_LENGTH_EXCEEDED, type="invalid_request_error")
+    with pytest.raises(openai.BadRequestError) as raised:
+        await sdk.responses.create(**BODY)
+    assert raised.value.code == CONTEXT_LENGTH_EXCEEDED
+
+
+async def test_other_upstream_refusals_stay_http_errors(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(sglang_error(400, "top_logprobs must be at most 20", "top_logprobs"))
+    status, _, raw = await post(http, proxy, {**BODY, "stream": True})
+    assert status == 400 and envelope(orjson.loads(raw))["code"] == "invalid_request_error"
+
+
+# -- keepalive (4.11) -----------------------------------------------------------------------------
+
+
+async def test_a_silent_upstream_gets_keepalive_comments(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+
+    url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url], "timeouts": {"idle": 0.75}}], "keepalive": 0.1}))
+    gen = Generation([Step("text", "Hel", [score("Hel")]), Step("text", "lo", [score("lo")]), Step("finish", finish_reason="stop")])
+    upstream.script(Reply(gen, stall_after=2), Reply(gen, delay=0.03))
+    raw, events = await streamed(http, url, BODY)
+    stream = check_stream(events)
+    assert stream.terminal == "response.failed"  # the idle timeout still ends the silence
+    comments = raw.count(b"\n\n: keepalive\n\n")
+    assert 4 <= comments <= 8, comments
+    assert raw.index(b": keepalive") > raw.index(b"response.output_text.delta")  # during the silence
+    # A stream that keeps talking needs none.
+    raw, events = await streamed(http, url, BODY)
+    assert check_stream(events).terminal == "response.completed" and b"keepalive" not in raw
+
+
+async def test_a_client_that_leaves_during_keepalives_is_let_go(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+
+    url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url]}], "keepalive": 0.05}))
+    upstream.script(Reply(agent_turn(), stall_after=1))
+    async with http.post(f"{url}/v1/responses", json={**BODY, "stream": True}) as response:
+        async for event in read_events(response):
+            if event["type"] == "response.in_progress":
+                await asyncio.sleep(0.2)
+                break
+        response.close()
+    await asyncio.wait_for(upstream.disconnected.wait(), 1.0)
+
+
+# -- sealed reasoning across replicas (8.6) --------------------------------------------------------
+
+
+async def test_sealed_reasoning_opens_on_a_replica_with_the_same_key(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+
+    def replica(key: str) -> Any:
+        return start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url]}], "reasoning": {"key": key}}))
+
+    first, same, other = await replica("k1"), await replica("k1"), await replica("k2")
+    upstream.script(Reply(agent_turn()))
+    _, events = await streamed(http, first, codex_turn(1))
+    reasoning = events[-1]["response"]["output"][0]
+    # As a client that keeps only the blob sends it (with its summary, the text would be there).
+    replayed = {**reasoning, "content": None, "summary": []}
+    turn = codex_turn(2)
+    turn["input"][4] = replayed
+    for url, expected in ((same, "I will run ls."), (other, None)):
+        upstream.script(Reply(agent_turn()))
+        await streamed(http, url, turn)
+        assistant = next(m for m in upstream.requests[-1]["messages"] if m["role"] == "assistant")
+        assert assistant.get("reasoning_content") == expected
+    metrics = await scrape(http, other)
+    assert sample(metrics, IGNORED, what="input:unreadable_encrypted_content") == 1
