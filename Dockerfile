@@ -13,10 +13,14 @@ WORKDIR /src
 COPY . .
 RUN pip install --no-cache-dir . \
     && install -D -m 0644 configs/proxy.yaml /etc/responses-proxy/proxy.yaml \
-    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin proxy
+    && useradd --system --uid 10001 --no-create-home --shell /usr/sbin/nologin proxy \
+    && install -d -o 10001 -g 10001 /var/lib/responses-proxy
 
 USER 10001:10001
-WORKDIR /
+# The default store (sqlite:state/responses.db) is relative to the working directory: it lands
+# in this volume. Mount one that outlives the container to keep responses across restarts.
+WORKDIR /var/lib/responses-proxy
+VOLUME /var/lib/responses-proxy
 EXPOSE 8080
 
 # No curl in slim images: probe /health with the interpreter that runs the proxy.

@@ -6,4 +6,5 @@ from .runtime import Runtime
 
 RUNTIME = web.AppKey("runtime", Runtime)
 REQUEST_ID = web.RequestKey("request_id", str)
+OWNER = web.RequestKey("owner", str)  # whose stored responses this request may see (design.md 9.5)
 MODEL_PATTERN = web.RequestKey("model_pattern", str)  # the matched route's pattern, a metrics label

@@ -113,6 +113,25 @@ class Reasoning(_Section, frozen=True):
         return self.key or (os.environ.get(self.key_env) if self.key_env else None) or None
 
 
+class Store(_Section, frozen=True):
+    """Stored responses (design.md 9.1): `sqlite:PATH` (a file on this host, the default),
+    `redis://HOST:PORT/DB` (shared by every replica), or `none` (nothing is kept)."""
+
+    url: str = "sqlite:state/responses.db"
+    ttl: Seconds = 30 * 24 * 3600.0  # as long as OpenAI keeps responses
+    max_responses: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    timeout: Seconds = 2.0  # for one store operation: a slow store must not hold a stream
+    prefix: str = "responses-proxy:"  # of the Redis keys, so that a Redis can be shared
+
+    @property
+    def sqlite_path(self) -> str | None:
+        """The file of a `sqlite:` store (`sqlite:///abs/path` also reads as an absolute path)."""
+        if not self.url.startswith("sqlite:"):
+            return None
+        path = self.url.removeprefix("sqlite:")
+        return path.removeprefix("//") if path.startswith("///") else path
+
+
 class Log(_Section, frozen=True):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -126,6 +145,7 @@ class Config(_Section, frozen=True):
     log: Log = Log()
     requests: Requests = Requests()
     reasoning: Reasoning = Reasoning()
+    store: Store = Store()
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long streams in flight may run before they are cut.
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0
@@ -230,6 +250,9 @@ def _check(config: Config) -> None:
             raise ConfigError(f"upstreams[{i}].defaults: {', '.join(sorted(decided))} set by the proxy, not by defaults")
         if upstream.api_key and upstream.api_key_env:
             raise ConfigError(f"upstreams[{i}]: give api_key or api_key_env, not both")
+    store = config.store
+    if store.url != "none" and not store.sqlite_path and not store.url.startswith(("redis://", "rediss://", "unix://")):
+        raise ConfigError(f"store.url: not sqlite:PATH, redis://..., rediss://..., unix://... or none: {store.url!r}")
     for i, route in enumerate(config.routes):
         if route.upstream not in names:
             raise ConfigError(f"routes[{i}].upstream: no upstream named {route.upstream!r} (have {', '.join(names)})")

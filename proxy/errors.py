@@ -11,6 +11,7 @@
     │   ├── UnsupportedMediaType    415  unsupported_media_type
     │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
     │   └── TooManyRequests         429  rate_limit_exceeded       (an upstream's own 429)
+    ├── StoreUnavailable            503  store_unavailable         the response store failed a read
     └── UpstreamError               502  server_error              the upstream failed us
         ├── UpstreamUnreachable     502  upstream_unreachable      the connection broke
         │   └── UpstreamNotReached  502  upstream_unreachable      ...before the request left:
@@ -104,6 +105,11 @@ class UnprocessableEntity(InvalidRequest):
 class TooManyRequests(InvalidRequest):
     status = 429
     code = "rate_limit_exceeded"
+
+
+class StoreUnavailable(ProxyError):
+    status = 503
+    code = "store_unavailable"
 
 
 class UpstreamError(ProxyError):

@@ -34,6 +34,9 @@ class Metrics:
             registry=self.registry,
         )
         self._ignored_kinds: set[str] = set()
+        self.store_errors = Counter(
+            "proxy_store_errors", "Response store operations that failed, by operation.", ["operation"], registry=self.registry
+        )
 
     def ignored(self, what: str) -> bool:
         """Count one thing a request named that was left out; True the first time it is seen."""

@@ -1,5 +1,5 @@
-"""The config in force and what is built from it (upstream clients, the reasoning sealer),
-swapped together on reload."""
+"""The config in force and what is built from it (upstream clients, the reasoning sealer, the
+response store), swapped together on reload (the store takes a restart)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,13 @@ import logging
 import os
 from collections.abc import Callable
 
+from . import config as config_module
 from .config import Config, Target, resolve
 from .metrics import Metrics
 from .responses.sealing import Sealer, derive_key
+from .store import ResponseStore
+from .store.redis import RedisBackend
+from .store.sqlite import SQLiteBackend
 from .upstream.client import UpstreamClient
 
 log = logging.getLogger("proxy")
@@ -25,6 +29,7 @@ class Runtime:
         self.clients = self._clients(config, {})
         self._secret = config.reasoning.secret()
         self.sealer = self._new_sealer()
+        self.store = open_store(config.store, metrics)
         self._retiring: dict[UpstreamClient, asyncio.Task[None]] = {}
 
     def target(self, model: str) -> tuple[Target, UpstreamClient] | None:
@@ -59,6 +64,8 @@ class Runtime:
             await client.close()
         for client in self.clients.values():
             await client.close()
+        if self.store is not None:
+            await self.store.close()
 
     def _new_sealer(self) -> Sealer:
         if self._secret:
@@ -84,3 +91,14 @@ class Runtime:
             unchanged = previous is not None and previous.config == upstream
             clients[upstream.name] = previous if previous is not None and unchanged else UpstreamClient(upstream, self.metrics.upstream_error)
         return clients
+
+
+def open_store(settings: config_module.Store, metrics: Metrics) -> ResponseStore | None:
+    if settings.url == "none":
+        return None
+    path = settings.sqlite_path
+    if path is not None:
+        backend: SQLiteBackend | RedisBackend = SQLiteBackend(path, settings.ttl, settings.max_responses)
+    else:
+        backend = RedisBackend(settings.url, settings.prefix, settings.ttl, settings.max_responses, settings.timeout)
+    return ResponseStore(backend, settings.timeout, lambda operation: metrics.store_errors.labels(operation).inc())

@@ -11,12 +11,13 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import orjson
 from aiohttp import web
 
-from .api import endpoints, passthrough, responses
-from .appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
+from .api import endpoints, passthrough, responses, stored
+from .appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
 from .config import Config
 from .errors import MethodNotAllowed, NotFound, ProxyError, Unauthorized
 from .metrics import Metrics
 from .runtime import Runtime
+from .store import owner_of
 
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
@@ -74,11 +75,16 @@ async def render_errors(request: web.Request, handler: Handler) -> web.StreamRes
 
 @web.middleware
 async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """With API keys configured, a /v1 request must bring one; its digest owns the responses
+    it stores (design.md 9.5)."""
     keys = request.app[RUNTIME].api_keys
+    token = None
     if keys and request.path.startswith("/v1/"):
         scheme, _, token = request.headers.get("Authorization", "").partition(" ")
-        if scheme.lower() != "bearer" or token.strip() not in keys:
+        token = token.strip()
+        if scheme.lower() != "bearer" or token not in keys:
             raise Unauthorized("Missing or invalid API key: send `Authorization: Bearer <key>`.")
+    request[OWNER] = owner_of(token)
     return await handler(request)
 
 
@@ -98,6 +104,9 @@ def create_app(config: Config) -> web.Application:
     app.cleanup_ctx.append(runtime)
     app.on_response_prepare.append(_add_request_id)
     app.router.add_post("/v1/responses", responses.create_response)
+    app.router.add_get("/v1/responses/{id}", stored.retrieve)
+    app.router.add_delete("/v1/responses/{id}", stored.delete)
+    app.router.add_get("/v1/responses/{id}/input_items", stored.input_items)
     app.router.add_post("/v1/chat/completions", passthrough.forward)
     app.router.add_post("/v1/completions", passthrough.forward)
     app.router.add_get("/v1/models", endpoints.models)

@@ -4,7 +4,9 @@ the fault suites, `launch` (a proxy whose app can be inspected) and `baseline` (
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -15,6 +17,7 @@ from aiohttp import web
 from proxy.config import Config, single_upstream
 from tests.fake_upstream import FakeUpstream
 from tests.harness import Running, config
+from tests.redis_server import RedisServer
 
 
 @pytest.fixture
@@ -77,3 +80,21 @@ async def launch(upstream: FakeUpstream) -> AsyncIterator[Callable[..., Awaitabl
 async def baseline() -> set[asyncio.Task]:
     """The tasks alive before the test: what `settled` does not count as left behind."""
     return set(asyncio.all_tasks())
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One real redis-server for the session; each test keeps its keys under a prefix of its own."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(params=["sqlite", "redis"])
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """The config of a response store, once per backend: a SQLite file, or the real Redis."""
+    if request.param == "sqlite":
+        return {"url": f"sqlite:{tmp_path}/responses.db"}
+    server: RedisServer = request.getfixturevalue("redis_server")
+    return {"url": server.url, "prefix": f"test-{uuid.uuid4().hex}:"}

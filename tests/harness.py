@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import shutil
 import socket
+import tempfile
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -19,7 +21,7 @@ from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
 from proxy.appkeys import RUNTIME
-from proxy.config import Config, parse
+from proxy.config import Config, Store, parse, replace
 from proxy.server import create_app, serve
 from proxy.upstream.client import UpstreamClient
 from tests.client import LOGPROBS, stream, validate_response
@@ -62,8 +64,16 @@ class Running:
 
     @classmethod
     async def start(cls, config: Config, **options: Any) -> Running:
-        """Serve the proxy app (as `responses-proxy` runs it) for `config` on a loopback port."""
-        runner = await serve(create_app(config), "127.0.0.1", 0, **options)
+        """Serve the proxy app (as `responses-proxy` runs it) for `config` on a loopback port;
+        the default store is a SQLite file of its own, removed with the app."""
+        store_dir = None
+        if config.store == Store():
+            store_dir = tempfile.mkdtemp(prefix="proxy-store-")
+            config = replace(config, store=Store(url=f"sqlite:{store_dir}/responses.db"))
+        app = create_app(config)
+        if store_dir is not None:
+            app.on_cleanup.append(lambda _: asyncio.to_thread(shutil.rmtree, store_dir, True))
+        runner = await serve(app, "127.0.0.1", 0, **options)
         host, port = runner.addresses[0][:2]
         return cls(f"http://{host}:{port}", runner)
 

@@ -52,6 +52,8 @@ class ProxyPod:
     config: dict
     port: int  # --port, else listen.port, else 8080
     services: list[dict]  # the Services that select the pod
+    replicas: int
+    docs: list[dict]  # every document of the manifest
 
     @property
     def drain(self) -> int:
@@ -66,6 +68,8 @@ def proxy_pods(path: Path) -> list[ProxyPod]:
     for deploy in (d for d in docs if d["kind"] == "Deployment"):
         name, pod = deploy["metadata"]["name"], deploy["spec"]["template"]["spec"]
         proxies = [c for c in pod["containers"] if "--config" in c.get("args", [])]
+        if not proxies and not any("responses-proxy" in c.get("image", "") for c in pod["containers"]):
+            continue  # a Deployment of something else (the gateway's Redis)
         assert len(proxies) == 1, f"{name}: exactly one container should run the proxy with --config"
         proxy = proxies[0]
         assert proxy.get("command") in (None, ["responses-proxy"]), f"{name}: command replaces the image's ENTRYPOINT"
@@ -77,6 +81,8 @@ def proxy_pods(path: Path) -> list[ProxyPod]:
         config = yaml.safe_load(configmaps[cm_name][key])
         labels = deploy["spec"]["template"]["metadata"]["labels"]
         found.append(ProxyPod(
+            replicas=deploy["spec"].get("replicas", 1),
+            docs=docs,
             name=name, pod=pod, proxy=proxy, others=[c for c in pod["containers"] if c is not proxy],
             config_path=config_path, config_text=configmaps[cm_name][key], config=config,
             port=int(flag(proxy["args"], "--port") or config.get("listen", {}).get("port", DEFAULT_PORT)),
@@ -136,3 +142,23 @@ def test_dockerfile_matches_manifests() -> None:
     for path in MANIFESTS:
         for p in proxy_pods(path):
             assert p.config_path == config_path, f"{path.name}: --config {p.config_path} != Dockerfile CMD {config_path}"
+
+
+@pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)
+def test_stored_responses_have_a_place_that_every_replica_shares(path: Path) -> None:
+    """design.md 9.1: a SQLite store needs a writable volume (the root filesystem is read-only)
+    and serves one replica; replicas share a Redis that the manifest serves."""
+    for p in proxy_pods(path):
+        url = p.config.get("store", {}).get("url", "")
+        if url.startswith("sqlite:"):
+            assert p.replicas == 1, f"{p.name}: {p.replicas} replicas with a store each cannot chain each other's responses"
+            directory = posixpath.dirname(url.removeprefix("sqlite:"))
+            mounts = [m["mountPath"] for m in p.proxy.get("volumeMounts", []) if not m.get("readOnly")]
+            assert directory in mounts, f"{p.name}: {directory} is not a writable volume"
+        else:
+            match = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", url)
+            assert match, f"{p.name}: store.url {url!r} is neither sqlite:PATH nor redis://HOST:PORT/DB"
+            host, port = match.groups()
+            services = [d for d in p.docs if d["kind"] == "Service" and d["metadata"]["name"] == host.split(".")[0]]
+            assert services, f"{p.name}: no Service {host} in {path.name}"
+            assert int(port) in [s["port"] for s in services[0]["spec"]["ports"]]

@@ -17,6 +17,7 @@ ALLOWED = {
     "responses": {"errors"},
     "upstream": {"errors", "config", "responses"},
     "config": {"errors", "responses"},
+    "store": {"errors"},
 }
 
 

@@ -82,7 +82,7 @@ async def spawn(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
         with proxy.log.open("wb") as log:
             proxy.proc = await asyncio.create_subprocess_exec(
                 *command, "--config", str(proxy.config), "--host", "127.0.0.1", "--port", str(port), *args,
-                cwd=ROOT, stdout=log, stderr=log, start_new_session=True,
+                cwd=tmp_path, stdout=log, stderr=log, start_new_session=True,  # the default store's file goes there
             )
         started.append(proxy.proc)
         proxy.url = f"http://127.0.0.1:{port}"
@@ -263,3 +263,22 @@ def test_a_broken_config_stops_the_start(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-m", "proxy", "--config", str(path)], capture_output=True, text=True, timeout=30, cwd=ROOT)
     assert result.returncode != 0
     assert "routes[0].upstream" in result.stderr
+
+
+async def test_two_processes_share_their_responses_through_redis(upstream, spawn, redis_server) -> None:
+    """design.md 9.1: a response created on one replica is read and chained on the other."""
+    config = {"upstreams": [{"name": "default", "urls": [upstream.url]}], "store": {"url": redis_server.url, "prefix": "two-processes:"}}
+    one, other = await spawn(config), await spawn(config)
+    upstream.script(Reply(Generation([Step("text", "Hi"), Step("finish", finish_reason="stop")])))
+    async with fresh() as http:
+        async with http.post(f"{one.url}/v1/responses", json={"model": "m", "input": "hello", "stream": True}) as response:
+            first = parse_sse(await response.read())[-1]["response"]
+        async with http.post(f"{other.url}/v1/responses", json={"model": "m", "input": "again", "previous_response_id": first["id"]}) as response:
+            assert response.status == 200, await response.text()
+            second = await response.json()
+        assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["hello", "Hi", "again"]
+        for url, id in ((other.url, first["id"]), (one.url, second["id"])):
+            async with http.get(f"{url}/v1/responses/{id}") as response:
+                assert response.status == 200 and (await response.json())["id"] == id
+        async with http.get(f"{one.url}/v1/responses/{second['id']}/input_items") as response:
+            assert [item["content"][0]["text"] for item in (await response.json())["data"]] == ["again"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import orjson
 from aiohttp import web
 
 from ..appkeys import RUNTIME
@@ -12,10 +13,14 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    """503 while draining or while a route has no healthy replica, so traffic goes elsewhere."""
-    if request.app[RUNTIME].ready():
-        return web.Response(text="ready")
-    return web.Response(status=503, text="not ready")
+    """503 while draining or while a route has no healthy replica, so traffic goes elsewhere.
+    A failing response store shows in the body but keeps the 200: answers still stream without
+    it, and a store shared by every replica would otherwise take them all out at once
+    (design.md 9.1)."""
+    runtime = request.app[RUNTIME]
+    ok = runtime.ready()
+    store = None if runtime.store is None else runtime.store.health()
+    return web.Response(body=orjson.dumps({"ready": ok, "store": store}), status=200 if ok else 503, content_type="application/json")
 
 
 async def metrics(request: web.Request) -> web.Response:

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Awaitable, Callable, Iterable
 from typing import Any
 
 import orjson
@@ -21,10 +21,14 @@ from ..responses.sealing import Sealer
 from ..responses.translate import ResponseTranslator, translate_completion
 from ..upstream.client import Exchange
 from .common import find_target, load_json, read_body, upstream_headers
+from .stored import read_history, record_of
 
 CHAT_PATH = "/v1/chat/completions"
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE = b": keepalive\n\n"
+# Keeps a finished response before its last event leaves, so that a client that chains at once
+# never races the write (design.md 9.2).
+Keep = Callable[[dict[str, Any]], Awaitable[object]]
 
 log = logging.getLogger("proxy")
 
@@ -36,19 +40,28 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     parsed = parse_request(data)
     fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
     target, client = find_target(request, parsed.model)
-    call = plan_call(parsed, translation_settings(target, runtime.sealer))
+    past = await read_history(request, parsed)
+    store = runtime.store
+    stored = store is not None and parsed.store is not False
+    call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
     _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
+
+    async def keep(response: dict[str, Any]) -> None:
+        if store is not None and stored:
+            await store.save(record_of(request, data, past, response))
+
     try:
         async with client.post(CHAT_PATH, call.chat, upstream_headers(request)) as exchange:
             if call.stream:
-                response, output = await _stream(request, call, exchange, started)
+                response, output = await _stream(request, call, exchange, started, keep)
             else:
                 output = translate_completion(call, await exchange.read_body())
+                await keep(output)
                 response = web.Response(body=orjson.dumps(output), content_type="application/json")
     except ProxyError as error:
         if not (call.stream and error.in_stream):
             raise
-        response, output = await _failed_stream(request, call, error)
+        response, output = await _failed_stream(request, call, error, keep)
     usage = output and output["usage"]
     if usage:
         runtime.metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
@@ -78,7 +91,9 @@ def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:
             log.info("ignored in requests from now on, and counted in proxy_ignored_total: %s", what)
 
 
-async def _stream(request: web.Request, call: Call, exchange: Exchange, started: float) -> tuple[web.StreamResponse, dict[str, Any] | None]:
+async def _stream(
+    request: web.Request, call: Call, exchange: Exchange, started: float, keep: Keep
+) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     metrics = request.app[RUNTIME].metrics
     translator = ResponseTranslator(call)
     response = web.StreamResponse(headers=SSE_HEADERS)
@@ -90,7 +105,7 @@ async def _stream(request: web.Request, call: Call, exchange: Exchange, started:
     heartbeat = _Heartbeat(response, request.app[RUNTIME].config.keepalive)
     metrics.streams.inc()
     try:
-        whole = await _relay(response, translator, exchange, first_token, heartbeat)
+        whole = await _relay(response, translator, exchange, first_token, heartbeat, keep)
         heartbeat.stop()
         await response.write_eof()
     except ConnectionResetError:
@@ -104,7 +119,12 @@ async def _stream(request: web.Request, call: Call, exchange: Exchange, started:
 
 
 async def _relay(
-    response: web.StreamResponse, translator: ResponseTranslator, exchange: Exchange, first_token: Callable[[], None], heartbeat: _Heartbeat
+    response: web.StreamResponse,
+    translator: ResponseTranslator,
+    exchange: Exchange,
+    first_token: Callable[[], None],
+    heartbeat: _Heartbeat,
+    keep: Keep,
 ) -> bool:
     """One client write per upstream read, until the terminal event (design.md 4.10). False
     when the upstream broke off, so there is nothing left to drain."""
@@ -114,9 +134,12 @@ async def _relay(
         try:
             data = await exchange.read_chunk()
         except ProxyError as error:
-            await response.write(translator.fail(error))
+            events = translator.fail(error)
+            await _keep_finished(translator, keep)
+            await response.write(events)
             return False
         events = translator.feed(data) if data else translator.finish()
+        await _keep_finished(translator, keep)
         if events:
             heartbeat.wrote()
             await response.write(events)
@@ -126,12 +149,19 @@ async def _relay(
     return True
 
 
-async def _failed_stream(request: web.Request, call: Call, error: ProxyError) -> tuple[web.StreamResponse, dict[str, Any] | None]:
+async def _keep_finished(translator: ResponseTranslator, keep: Keep) -> None:
+    if translator.response is not None:
+        await keep(translator.response)
+
+
+async def _failed_stream(request: web.Request, call: Call, error: ProxyError, keep: Keep) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     """An error the client acts on from the event (design.md 8.7), as a stream of its own."""
     translator = ResponseTranslator(call)
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
-    await response.write(translator.start() + translator.fail(error))
+    events = translator.start() + translator.fail(error)
+    await _keep_finished(translator, keep)
+    await response.write(events)
     await response.write_eof()
     return response, translator.response
 

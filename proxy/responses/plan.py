@@ -24,6 +24,7 @@ from .schema import (
     HostedTool,
     HostedToolChoice,
     InputImage,
+    ItemReference,
     Message,
     Reasoning,
     ReasoningConfig,
@@ -73,8 +74,9 @@ class Call:
     ignored: tuple[str, ...] = ()
 
 
-def plan_call(request: CreateResponse, settings: TranslationSettings) -> Call:
-    """Translate a validated request into the chat request for the route behind `settings`."""
+def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored: bool = False) -> Call:
+    """Translate a validated request (its history expanded, design.md 9.4) into the chat request
+    for the route behind `settings`; `stored` says whether the response will be kept."""
     include = request.include or ()
     logprobs = INCLUDE_LOGPROBS in include
     if logprobs and not settings.logprobs:
@@ -117,7 +119,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings) -> Call:
         chat=chat,
         stream=stream,
         logprobs=logprobs,
-        echo=_echo(request, tools, top_logprobs, effort),
+        echo=_echo(request, tools, top_logprobs, effort, stored),
         tools=table,
         summary=request.reasoning is not None and request.reasoning.summary is not None,
         seal=settings.sealer.seal if settings.sealer and INCLUDE_ENCRYPTED_REASONING in include else None,
@@ -210,7 +212,9 @@ class _Conversation:
         if request.instructions:
             self._system.append(request.instructions)
         items = [Message(role="user", content=request.input)] if isinstance(request.input, str) else request.input
-        for item in items:
+        for index, item in enumerate(items):
+            if isinstance(item, ItemReference):
+                raise InvalidRequest("An item_reference needs stored responses, and this proxy keeps none.", param=f"input[{index}]")
             self._item(item)
         self._flush_tool_images()
         if self._system:
@@ -291,7 +295,7 @@ class _Conversation:
             self._tool_images = []
 
 
-def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort: str | None) -> dict[str, Any]:
+def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort: str | None, stored: bool) -> dict[str, Any]:
     """The request's settings as every Response object repeats them, as they were applied."""
     text = request.text or TextConfig()
     reasoning = request.reasoning or ReasoningConfig()
@@ -299,7 +303,7 @@ def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort:
     return {
         "model": request.model,
         "instructions": request.instructions,
-        "previous_response_id": None,
+        "previous_response_id": request.previous_response_id,
         "tools": [msgspec.to_builtins(tool) for tool in tools],
         "tool_choice": _echoed_choice(choice),
         "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
@@ -313,7 +317,7 @@ def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort:
         "max_output_tokens": request.max_output_tokens,
         "max_tool_calls": request.max_tool_calls,
         "truncation": request.truncation if request.truncation in _ECHOED_TRUNCATION else "disabled",
-        "store": False,
+        "store": stored,
         "background": False,
         "service_tier": "default",
         "metadata": request.metadata or {},

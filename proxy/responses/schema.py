@@ -126,7 +126,13 @@ class DroppedItem(_Tagged, tag=_DROPPED):
     kind: str  # the item's own type
 
 
-InputItem = Message | FunctionCall | FunctionCallOutput | CustomToolCall | CustomToolCallOutput | Reasoning | DroppedItem
+class ItemReference(_Tagged, tag="item_reference"):
+    """An item of a stored response, by id: resolved before planning (design.md 9.4)."""
+
+    id: Annotated[str, msgspec.Meta(min_length=1)]
+
+
+InputItem = Message | FunctionCall | FunctionCallOutput | CustomToolCall | CustomToolCallOutput | Reasoning | DroppedItem | ItemReference
 
 
 class FunctionTool(_Tagged, tag="function"):
@@ -252,29 +258,44 @@ def unknown_fields(data: dict[str, Any], reject: bool) -> list[str]:
 
 
 def parse_request(data: Any) -> CreateResponse:
-    """A request body, decoded from JSON, as a validated request."""
+    """A request body, decoded from JSON, as a validated request (`data` is left as it came)."""
     if not isinstance(data, dict):
         raise InvalidRequest("The request body must be a JSON object.")
+    fields = dict(data)
     tools = data.get("tools")
     if isinstance(tools, list):
         for index, tool in enumerate(tools):
             if isinstance(tool, dict) and "type" not in tool:  # msgspec lets a lone tagged struct leave out its tag
                 raise InvalidRequest(f"Missing 'tools[{index}].type'.", param=f"tools[{index}].type")
-        tools[:] = [_stand_in(tool, lambda kind: kind not in CLIENT_TOOLS) for tool in tools]
+        fields["tools"] = [_stand_in(tool, lambda kind: kind not in CLIENT_TOOLS) for tool in tools]
     items = data.get("input")
     if isinstance(items, list):
-        for item in items:
-            if isinstance(item, dict) and "type" not in item and "role" in item:  # EasyInputMessage may leave out its type
-                item["type"] = "message"
-        items[:] = [_stand_in(item, NO_CHAT_FORM.__contains__) for item in items]
+        fields["input"] = _prepared(items)
     if "tool_choice" in data:
-        data["tool_choice"] = _stand_in(data["tool_choice"], lambda kind: kind not in ("function", "custom"))
+        fields["tool_choice"] = _stand_in(data["tool_choice"], lambda kind: kind not in ("function", "custom"))
     try:
-        request = msgspec.convert(data, CreateResponse)
+        request = msgspec.convert(fields, CreateResponse)
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc)) from None
     _refuse_unsupported(request)
     return request
+
+
+def parse_items(items: list[Any]) -> list[InputItem]:
+    """Items kept from earlier responses, as input items."""
+    try:
+        return msgspec.convert(_prepared(items), list[InputItem])
+    except msgspec.ValidationError as exc:
+        raise _validation_error(str(exc)) from None
+
+
+def _prepared(items: list[Any]) -> list[Any]:
+    """Items as msgspec reads them: an EasyInputMessage (a `{role, content}` item may leave out
+    its type) typed, an item with no chat form replaced by its stand-in."""
+    return [
+        _stand_in({**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item else item, NO_CHAT_FORM.__contains__)
+        for item in items
+    ]
 
 
 def _stand_in(entry: Any, dropped: Callable[[str], bool]) -> Any:
@@ -294,14 +315,13 @@ def _validation_error(text: str) -> InvalidRequest:
 
 def _refuse_unsupported(request: CreateResponse) -> None:
     for param, value in (
-        ("previous_response_id", request.previous_response_id),
         ("background", request.background or None),
         ("prompt", request.prompt),
         ("conversation", request.conversation),
     ):
         if value is not None:
             raise InvalidRequest(
-                f"'{param}' is not supported by this proxy: it keeps no stored responses or prompts.",
+                f"'{param}' is not supported by this proxy.",
                 param=param,
                 code="unsupported_parameter",
             )

@@ -1,0 +1,109 @@
+"""Stored responses as conversation history (design.md 9): what a response keeps of its input,
+and the input a chained or referencing request stands for. Pure: the store's reads happen in
+the HTTP layer, which hands their JSON in.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import orjson
+
+from ..errors import InvalidRequest
+from .logprobs import INCLUDE_LOGPROBS
+from .schema import CreateResponse, ItemReference, parse_items
+from .translate import IdSource
+
+# The prefix of the id an input item gets when its client sent none, by its type.
+_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc", "reasoning": "rs"}
+
+
+def references(request: CreateResponse) -> list[str]:
+    """The ids of the stored items the request's input refers to."""
+    return [item.id for item in request.input if isinstance(item, ItemReference)] if isinstance(request.input, list) else []
+
+
+def expand(request: CreateResponse, history: list[dict[str, Any]], referenced: dict[str, dict[str, Any]]) -> CreateResponse:
+    """The request with the chain's items before its own input and its references replaced
+    by the items they name; a reference the store did not have is a 400 naming it."""
+    own = request.input
+    if isinstance(own, str):
+        own_items: list[Any] = parse_items([{"role": "user", "content": own}])
+    else:
+        own_items = []
+        for index, item in enumerate(own):
+            if isinstance(item, ItemReference):
+                found = referenced.get(item.id)
+                if found is None:
+                    raise InvalidRequest(f"No stored item with id '{item.id}' (item_reference).", param=f"input[{index}].id")
+                own_items += parse_items([found])
+            else:
+                own_items.append(item)
+    return msgspec.structs.replace(request, input=[*parse_items(history), *own_items])
+
+
+def chain_items(records: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
+    """The items of a chain of stored responses, oldest first: each response's input, then its
+    output (design.md 9.4). `records` holds each response's (input items, Response) JSON."""
+    items: list[dict[str, Any]] = []
+    for input_items, response in records:
+        items += orjson.loads(input_items)
+        items += orjson.loads(response)["output"]
+    return items
+
+
+def stored_input(data_input: Any, referenced: dict[str, dict[str, Any]], new_id: IdSource) -> list[dict[str, Any]]:
+    """A request's own input as the response keeps it and `input_items` lists it: every item
+    with an id, messages in their typed form, references replaced by what they named."""
+    if isinstance(data_input, str):
+        data_input = [{"role": "user", "content": data_input}]
+    kept = []
+    for item in data_input:
+        if item.get("type") == "item_reference":
+            kept.append(referenced[item["id"]])
+            continue
+        item = {"type": "message", **item} if "type" not in item else dict(item)
+        if item["type"] == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        if "id" not in item:
+            item["id"] = new_id(_ID_PREFIXES.get(item["type"], "item"))
+        kept.append(item)
+    return kept
+
+
+def shown(response: bytes, include: list[str]) -> dict[str, Any]:
+    """A stored Response as it is read back: its scores only when `include` asks for them,
+    as on the request that made it (design.md 9.3)."""
+    data: dict[str, Any] = orjson.loads(response)
+    if INCLUDE_LOGPROBS not in include:
+        for item in data["output"]:
+            for part in item.get("content") or ():
+                if part.get("type") == "output_text":
+                    part["logprobs"] = []
+    return data
+
+
+def page(items: list[dict[str, Any]], *, order: str, after: str | None, before: str | None, limit: int) -> dict[str, Any]:
+    """One page of a response's input items, in the list envelope `input_items` answers with:
+    `order` "desc" lists the last item first; `after` and `before` are item ids of the list in
+    that order (a cursor that names no item is a 400 naming it)."""
+    ordered = items[::-1] if order == "desc" else items
+    ids = [item["id"] for item in ordered]
+    start, end = 0, len(ordered)
+    for param, cursor in (("after", after), ("before", before)):
+        if cursor is not None and cursor not in ids:
+            raise InvalidRequest(f"No input item with id '{cursor}'.", param=param)
+    if after is not None:
+        start = ids.index(after) + 1
+    if before is not None:
+        end = ids.index(before)
+    data = ordered[start:end][:limit]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": start + len(data) < end,
+    }

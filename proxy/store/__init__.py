@@ -1,0 +1,132 @@
+"""Stored responses (design.md 9): one interface, two backends. SQLite (a file, the embedded
+default) and Redis (shared by every replica of a gateway).
+
+`ResponseStore` wraps a backend with what every backend needs alike: a time limit on each
+operation, failures counted and logged, and the health `/ready` shows. A failed write never
+fails the answer being generated (design.md 9.2); a failed read fails only the request that
+needed it, with a 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Protocol, TypeVar
+
+import msgspec
+
+from ..errors import StoreUnavailable
+
+log = logging.getLogger("proxy.store")
+T = TypeVar("T")
+
+
+class StoredResponse(msgspec.Struct, gc=False):
+    """One response as kept: the Response object and its own input items as JSON, whose key
+    created it, and the earlier responses of its chain (oldest first), so that a chain is
+    read in one round trip."""
+
+    id: str
+    owner: str
+    created_at: int
+    response: msgspec.Raw
+    input_items: msgspec.Raw
+    ancestors: list[str] = []
+
+
+encode_record = msgspec.json.Encoder().encode
+decode_record = msgspec.json.Decoder(StoredResponse).decode
+
+
+class _ItemId(msgspec.Struct):
+    id: str | None = None
+
+
+_item_ids = msgspec.json.Decoder(list[_ItemId]).decode
+_raw_items = msgspec.json.Decoder(list[msgspec.Raw]).decode
+_output = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+
+
+def record_items(record: StoredResponse) -> list[tuple[str, bytes]]:
+    """(id, JSON) of every item of the record, input and output, for `item_reference`."""
+    found = []
+    for raw in (record.input_items, _output(record.response)["output"]):
+        found += [(item.id, bytes(data)) for item, data in zip(_item_ids(raw), _raw_items(raw), strict=True) if item.id]
+    return found
+
+
+def owner_of(api_key: str | None) -> str:
+    """Who a stored response belongs to: a digest of the key that created it, never the key."""
+    return hashlib.sha256(api_key.encode()).hexdigest() if api_key else ""
+
+
+class Backend(Protocol):
+    async def put(self, record: StoredResponse) -> None: ...
+
+    async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
+        """The records of these ids that exist, have not expired and belong to `owner`."""
+        ...
+
+    async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
+        """Items of `owner`'s stored responses, by id."""
+        ...
+
+    async def delete(self, id: str, owner: str) -> bool: ...
+
+    async def close(self) -> None: ...
+
+
+class ResponseStore:
+    def __init__(self, backend: Backend, timeout: float, on_error: Callable[[str], None]) -> None:
+        self.backend = backend
+        self._timeout = timeout
+        self._on_error = on_error
+        self.failing_since: float | None = None  # wall-clock time of the first failure in a row
+        self.last_error = ""
+
+    def health(self) -> dict[str, Any]:
+        return {"ok": self.failing_since is None, "failing_since": self.failing_since, "error": self.last_error or None}
+
+    async def save(self, record: StoredResponse) -> bool:
+        """Keep a response; a failure is logged and counted, never raised: the answer it
+        belongs to goes out all the same."""
+        try:
+            await self._guard("put", self.backend.put(record))
+        except StoreUnavailable as error:
+            log.error("response %s was not stored: %s", record.id, error.message)
+            return False
+        return True
+
+    async def get(self, id: str, owner: str) -> StoredResponse | None:
+        return (await self.get_many([id], owner)).get(id)
+
+    async def get_many(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
+        return await self._guard("get", self.backend.get(ids, owner))
+
+    async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
+        return await self._guard("items", self.backend.items(ids, owner))
+
+    async def delete(self, id: str, owner: str) -> bool:
+        return await self._guard("delete", self.backend.delete(id, owner))
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def _guard(self, operation: str, call: Awaitable[T]) -> T:
+        try:
+            async with asyncio.timeout(self._timeout):
+                result = await call
+        except Exception as exc:  # whatever broke (connection, disk, timeout), the store is failing
+            self._on_error(operation)
+            self.last_error = f"{operation}: {exc!r}"
+            if self.failing_since is None:
+                self.failing_since = time.time()
+                log.error("the response store is failing (%s)", self.last_error)
+            raise StoreUnavailable(f"The response store is unavailable ({operation} failed); try again.") from exc
+        if self.failing_since is not None:
+            log.warning("the response store works again")
+            self.failing_since = None
+        return result

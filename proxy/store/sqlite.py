@@ -1,0 +1,127 @@
+"""The embedded backend: one SQLite file, written by one thread of its own (the event loop
+never waits on the disk). Several processes on one host may share the file (WAL mode)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+from . import StoredResponse, decode_record, encode_record, record_items
+
+T = TypeVar("T")
+# Expired and surplus rows go in one sweep every this many writes, not on each one.
+_SWEEP_EVERY = 64
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS responses (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL, expires_at REAL NOT NULL, record BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
+CREATE TABLE IF NOT EXISTS items (
+    owner TEXT NOT NULL, id TEXT NOT NULL, response_id TEXT NOT NULL, expires_at REAL NOT NULL, item BLOB NOT NULL,
+    PRIMARY KEY (owner, id)
+);
+CREATE INDEX IF NOT EXISTS items_by_response ON items (response_id);
+"""
+
+
+class SQLiteBackend:
+    def __init__(self, path: str, ttl: float, max_responses: int) -> None:
+        self._path = path
+        self._ttl = ttl
+        self._max = max_responses
+        self._db: sqlite3.Connection | None = None
+        self._writes = 0
+        self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
+
+    async def put(self, record: StoredResponse) -> None:
+        await self._run(self._put, record)
+
+    async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
+        return await self._run(self._get, ids, owner)
+
+    async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
+        return await self._run(self._items, ids, owner)
+
+    async def delete(self, id: str, owner: str) -> bool:
+        return await self._run(self._delete, id, owner)
+
+    async def close(self) -> None:
+        await self._run(self._close)
+        self._thread.shutdown()
+
+    async def _run(self, work: Callable[..., T], *args: object) -> T:
+        return await asyncio.get_running_loop().run_in_executor(self._thread, work, *args)
+
+    # -- in the store's thread ---------------------------------------------------------------
+
+    def _connection(self) -> sqlite3.Connection:
+        if self._db is None:
+            Path(self._path).parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None, timeout=5.0)
+            db.execute("PRAGMA journal_mode=WAL")
+            db.execute("PRAGMA synchronous=NORMAL")
+            db.executescript(_SCHEMA)
+            self._db = db
+        return self._db
+
+    def _put(self, record: StoredResponse) -> None:
+        db = self._connection()
+        expires = time.time() + self._ttl
+        with db:  # one transaction: a response is kept whole or not at all
+            db.execute("BEGIN IMMEDIATE")
+            db.execute(
+                "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, record) VALUES (?, ?, ?, ?, ?)",
+                (record.id, record.owner, record.created_at, expires, encode_record(record)),
+            )
+            db.executemany(
+                "INSERT OR REPLACE INTO items (owner, id, response_id, expires_at, item) VALUES (?, ?, ?, ?, ?)",
+                [(record.owner, item_id, record.id, expires, item) for item_id, item in record_items(record)],
+            )
+        self._writes += 1
+        if self._writes % _SWEEP_EVERY == 1:
+            self._sweep(db)
+
+    def _sweep(self, db: sqlite3.Connection) -> None:
+        """Drop what expired, and the oldest responses past the size bound."""
+        now = time.time()
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            db.execute("DELETE FROM responses WHERE expires_at < ?", (now,))
+            db.execute(
+                "DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (self._max,)
+            )
+            db.execute("DELETE FROM items WHERE expires_at < ? OR response_id NOT IN (SELECT id FROM responses)", (now,))
+
+    def _get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
+        marks = ",".join("?" * len(ids))
+        rows = self._connection().execute(
+            f"SELECT record FROM responses WHERE id IN ({marks}) AND owner = ? AND expires_at >= ?", (*ids, owner, time.time())
+        )
+        records = [decode_record(row[0]) for row in rows]
+        return {record.id: record for record in records}
+
+    def _items(self, ids: list[str], owner: str) -> dict[str, bytes]:
+        marks = ",".join("?" * len(ids))
+        rows = self._connection().execute(
+            f"SELECT id, item FROM items WHERE owner = ? AND id IN ({marks}) AND expires_at >= ?", (owner, *ids, time.time())
+        )
+        return {item_id: bytes(item) for item_id, item in rows}
+
+    def _delete(self, id: str, owner: str) -> bool:
+        db = self._connection()
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            deleted = db.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (id, owner)).rowcount
+            db.execute("DELETE FROM items WHERE response_id = ?", (id,))
+        return deleted > 0
+
+    def _close(self) -> None:
+        if self._db is not None:
+            self._db.close()
+            self._db = None

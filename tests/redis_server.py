@@ -1,0 +1,49 @@
+"""A real `redis-server` on a free loopback port, for the Redis store's tests (`.ci/run` installs
+the server where the machine lacks it)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import redis
+from redis.exceptions import RedisError
+
+from tests.harness import free_port
+
+
+class RedisServer:
+    def __init__(self, directory: Path) -> None:
+        binary = shutil.which("redis-server")
+        assert binary, "redis-server is not installed: `.ci/run` installs it (apt-get install redis-server)"
+        self._binary = binary
+        self._directory = directory
+        self.port = free_port()
+        self._process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        """Start (or restart, on the same port, empty) and wait until it answers."""
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(self._directory)]
+        self._process = subprocess.Popen([self._binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis.from_url(self.url, socket_connect_timeout=0.2)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                client.ping()
+                break
+            except RedisError:
+                assert time.monotonic() < deadline, f"redis-server did not answer on port {self.port}"
+                time.sleep(0.02)
+        client.close()
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.kill()
+            self._process.wait()
+            self._process = None
