@@ -56,7 +56,8 @@ async def run(args: argparse.Namespace, config: Config) -> None:
     port = config.listen.port if args.port is None else args.port
     app = create_app(config)
     runner = await serve(app, host, port, reuse_port=args.workers > 1, shutdown_grace=config.shutdown_grace)
-    log.info("listening on %s:%d\n%s", host, port, config_module.describe(config))
+    log.info("listening on %s:%d", host, port)
+    log_routes(config)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -76,7 +77,13 @@ def reload(args: argparse.Namespace, app: web.Application) -> None:
         log.error("config reload failed, keeping the running config: %s", exc)
         return
     app[RUNTIME].reload(config)
-    log.info("config reloaded\n%s", config_module.describe(config))
+    log.info("config reloaded")
+    log_routes(config)
+
+
+def log_routes(config: Config) -> None:
+    for line in config_module.describe(config).splitlines():
+        log.info("route %s", line)
 
 
 def serve_forever(args: argparse.Namespace, config: Config) -> None:

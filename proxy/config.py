@@ -99,6 +99,9 @@ class Requests(_Section, frozen=True):
     # A top-level request field the proxy does not know: `ignore` (logged once per name,
     # counted) as SGLang and vLLM do, or `reject` with a 400.
     unknown_fields: Literal["ignore", "reject"] = "ignore"
+    # Nesting levels a request body may have: far above any real JSON schema, far below what
+    # would exhaust an encoder (design.md 5.8).
+    max_depth: Annotated[int, msgspec.Meta(ge=8, le=200)] = 128
 
 
 class Reasoning(_Section, frozen=True):

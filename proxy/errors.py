@@ -21,11 +21,14 @@
 
 Raised anywhere (request parsing, routing, the upstream client, the translator) and rendered
 in one place: the server's error middleware for plain answers, the translator once a stream
-has begun. An upstream's own 4xx keeps its status (`rejected_by_upstream`).
+has begun. An upstream's own 4xx keeps its status (`rejected_by_upstream`). What an upstream
+failure says (a traceback, a host name, a URL with a password) is for the log: a client sees
+`for_client`'s generic words with the request id (design.md 5.7).
 """
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 
@@ -36,6 +39,8 @@ class ProxyError(Exception):
     # Whether a streaming request gets this error as a stream that ends in `response.failed`
     # (a 200) rather than as an HTTP status: for the errors clients act on from the event.
     in_stream = False
+    # Whether the message may carry what the client must not see (an upstream's own words).
+    internal = False
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -49,6 +54,14 @@ class ProxyError(Exception):
         """The code on a failed Response's `error`, which takes only the API's own values
         (design.md 5.6)."""
         return "invalid_prompt" if self.status < 500 else "server_error"
+
+    def for_client(self, request_id: str) -> ProxyError:
+        """This error as a client may see it."""
+        if not self.internal:
+            return self
+        shown = copy.copy(self)
+        shown.message, shown.param = f"upstream error ({self.code}); request id {request_id}", None
+        return shown
 
     def envelope(self) -> dict[str, Any]:
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
@@ -116,6 +129,7 @@ class UpstreamError(ProxyError):
     """The upstream failed: a 5xx, an aborted generation, or one of the kinds below."""
 
     status = 502
+    internal = True
 
 
 class UpstreamUnreachable(UpstreamError):

@@ -3,11 +3,39 @@
 from __future__ import annotations
 
 import logging
+import re
 import time
+from typing import Any
 
 import orjson
 
 _STANDARD = set(vars(logging.makeLogRecord({}))) | {"message", "asctime"}
+# Characters that would end a text log line or drive a terminal: shown as escapes.
+_UNPRINTABLE = re.compile(r"[\x00-\x1f\x7f-\x9f\u2028\u2029]")
+
+
+def printable(text: str) -> str:
+    return _UNPRINTABLE.sub(lambda match: match[0].encode("unicode_escape").decode(), text)
+
+
+class TextFormatter(logging.Formatter):
+    """One line a record: the values put into a message (where whatever a client sent lands:
+    paths, field names, header values) have their line breaks and control characters escaped,
+    so that no client can forge a line or drive a terminal. The message's own text is ours."""
+
+    def __init__(self) -> None:
+        super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    def format(self, record: logging.LogRecord) -> str:
+        if record.args:
+            record = logging.makeLogRecord(vars(record))
+            args = record.args if isinstance(record.args, tuple) else (record.args,)
+            record.args = tuple(_escaped(arg) for arg in args)
+        return super().format(record)
+
+
+def _escaped(value: Any) -> Any:
+    return value if isinstance(value, int | float) else printable(str(value))
 
 
 class JsonFormatter(logging.Formatter):
@@ -31,5 +59,5 @@ def setup(format: str, level: str) -> None:
     if format == "json":
         handler.setFormatter(JsonFormatter())
     else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        handler.setFormatter(TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)

@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
 from aiohttp import web
+from aiohttp.http_exceptions import HttpProcessingError
 
 from .api import endpoints, passthrough, responses, stored
 from .appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
@@ -22,8 +24,42 @@ from .store import owner_of
 Handler = Callable[[web.Request], Awaitable[web.StreamResponse]]
 
 access_log = logging.getLogger("proxy.access")
+log = logging.getLogger("proxy")
+http_log = logging.getLogger("proxy.http")  # aiohttp's own: requests it could not parse
 
 REQUEST_ID_HEADER = "X-Request-ID"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+class MalformedRequests(logging.Filter):
+    """aiohttp logs a request it cannot parse as an error with a traceback that quotes the raw
+    header line, an API key included, and a client can send thousands a second: such a request
+    becomes one short warning line, naming only the exception, at most one a second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._next = 0.0
+        self._quiet = 0  # lines held back since the last one
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if record.exc_info else None
+        if not isinstance(error, HttpProcessingError):
+            return True
+        now = time.monotonic()
+        if now < self._next:
+            self._quiet += 1
+            return False
+        self._next = now + 1.0
+        peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
+        record.msg = "malformed request from %s: %s (%d more since the last such line)"
+        record.args = (peer, type(error).__name__, self._quiet)
+        record.levelno, record.levelname = logging.WARNING, "WARNING"
+        record.exc_info = record.exc_text = None
+        self._quiet = 0
+        return True
+
+
+http_log.addFilter(MalformedRequests())
 
 
 def error_response(error: ProxyError) -> web.Response:
@@ -33,7 +69,9 @@ def error_response(error: ProxyError) -> web.Response:
 @web.middleware
 async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Request id, access log line and request metrics: once per request, never per chunk."""
-    request[REQUEST_ID] = request.headers.get(REQUEST_ID_HEADER) or uuid.uuid4().hex
+    sent = request.headers.get(REQUEST_ID_HEADER, "")
+    # A client's id goes into logs and upstream headers: bounded, or replaced by our own.
+    request[REQUEST_ID] = sent if _REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
     started = time.monotonic()
     status = 500
     try:
@@ -66,11 +104,20 @@ async def render_errors(request: web.Request, handler: Handler) -> web.StreamRes
     try:
         return await handler(request)
     except ProxyError as error:
-        return error_response(error)
+        if error.internal:
+            log.warning("%s %s: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
+        return error_response(error.for_client(request[REQUEST_ID]))
     except web.HTTPNotFound:
         return error_response(NotFound(f"No such endpoint: {request.method} {request.path}."))
     except web.HTTPMethodNotAllowed:
         return error_response(MethodNotAllowed(f"{request.method} is not allowed on {request.path}."))
+    except web.HTTPException:
+        raise
+    except Exception:  # a failure not foreseen: logged whole, answered in the envelope (design.md 5.9)
+        log.exception("%s %s failed", request.method, request.path, extra={"request_id": request[REQUEST_ID]})
+        if request.writer.output_size:
+            raise  # a stream has begun: cutting the connection is all that is left
+        return error_response(ProxyError(f"internal error; request id {request[REQUEST_ID]}"))
 
 
 @web.middleware
@@ -121,7 +168,10 @@ async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool 
     closes its upstream request, so the GPU stops generating for nobody. On cleanup the
     listening socket closes first and requests in flight get `shutdown_grace` seconds."""
     # aiohttp reads a shutdown_timeout of 0 as "wait for ever"; a grace of 0 means "cut now".
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=max(shutdown_grace, 0.001))
+    # auto_decompress off: read_body decompresses, strictly (design.md 5.8).
+    runner = web.AppRunner(
+        app, handler_cancellation=True, access_log=None, shutdown_timeout=max(shutdown_grace, 0.001), logger=http_log, auto_decompress=False
+    )
     await runner.setup()
     await web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, reuse_port=reuse_port or None).start()
     return runner

@@ -64,6 +64,7 @@ def plan(logprobs: bool = True, *, sealer: Sealer | None = None, **body: Any) ->
 
 
 NOW = 1_750_000_000
+REQUEST_ID = "req-test"
 
 
 def numbered_ids() -> IdSource:
@@ -81,7 +82,7 @@ def fixed(**options: Any) -> dict[str, Any]:
 def translate(call: Call, pieces: Iterable[bytes], *, finish: bool = True) -> tuple[ResponseTranslator, list[dict]]:
     """Drive a fresh translator (fixed clock and ids) over `pieces` (then end of input); the
     events it wrote."""
-    translator = ResponseTranslator(call, **fixed())
+    translator = ResponseTranslator(call, **fixed(), request_id=REQUEST_ID)
     out = [translator.start()]
     out += [translator.feed(piece) for piece in pieces]
     if finish:

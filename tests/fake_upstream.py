@@ -238,6 +238,7 @@ class Reply:
     status: int = 200
     # Sent as-is, as application/json, with `status`; with no generation either: empty body.
     body: bytes | dict[str, Any] | None = None
+    headers: dict[str, str] = field(default_factory=dict)  # on that plain answer
     write_size: int | None = None  # split the stream into writes of this many bytes
     coalesce: bool = False  # the whole stream in one write
     delay: float = 0.0  # before each write
@@ -347,7 +348,7 @@ class FakeUpstream:
                 raw = reply.body
                 if isinstance(raw, dict):
                     raw = orjson.dumps(raw)
-                return web.Response(status=reply.status, body=raw, content_type="application/json")
+                return web.Response(status=reply.status, body=raw, content_type="application/json", headers=reply.headers)
             wants_logprobs = body.get("logprobs") is True
             if body.get("stream") is True:
                 return await self._stream(request, reply, body, wants_logprobs)

@@ -6,6 +6,7 @@ import orjson
 from aiohttp import web
 
 from ..appkeys import RUNTIME
+from ..errors import UpstreamProtocolError
 
 
 async def health(request: web.Request) -> web.Response:
@@ -35,4 +36,10 @@ async def models(request: web.Request) -> web.Response:
         data = [{"id": route.model, "object": "model", "owned_by": route.upstream} for route in config.routes]
         return web.json_response({"object": "list", "data": data})
     status, body = await runtime.clients[config.upstreams[0].name].get("/v1/models")
-    return web.Response(status=status, body=body, content_type="application/json")
+    try:
+        listed = orjson.loads(body) if status == 200 else None
+    except orjson.JSONDecodeError:
+        listed = None
+    if not isinstance(listed, dict):  # an HTML error page, say: never relayed as JSON
+        raise UpstreamProtocolError(f"upstream {config.upstreams[0].name} answered /v1/models with {status}: {body[:200]!r}")
+    return web.Response(body=body, content_type="application/json")

@@ -5,13 +5,14 @@ from __future__ import annotations
 import orjson
 from aiohttp import web
 
+from ..appkeys import RUNTIME
 from ..errors import InvalidRequest, ProxyError
 from .common import find_target, load_json, read_body, upstream_headers
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
     body = await read_body(request)
-    data = load_json(body)
+    data = load_json(body, request.app[RUNTIME].config.requests.max_depth)
     model = data.get("model") if isinstance(data, dict) else None
     if not isinstance(model, str):
         raise InvalidRequest("'model' must be a string.", param="model")

@@ -12,7 +12,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
-from ..appkeys import MODEL_PATTERN, RUNTIME
+from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from ..config import Target
 from ..errors import ProxyError
 from ..responses.plan import Call, TranslationSettings, plan_call
@@ -36,7 +36,7 @@ log = logging.getLogger("proxy")
 async def create_response(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     runtime = request.app[RUNTIME]
-    data = load_json(await read_body(request))
+    data = load_json(await read_body(request), runtime.config.requests.max_depth)
     parsed = parse_request(data)
     fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
     target, client = find_target(request, parsed.model)
@@ -95,7 +95,7 @@ async def _stream(
     request: web.Request, call: Call, exchange: Exchange, started: float, keep: Keep
 ) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     metrics = request.app[RUNTIME].metrics
-    translator = ResponseTranslator(call)
+    translator = ResponseTranslator(call, request_id=request[REQUEST_ID])
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
 
@@ -115,6 +115,7 @@ async def _stream(
         metrics.streams.dec()
     if whole:
         await exchange.drain()
+    _log_failure(request, translator)
     return response, translator.response
 
 
@@ -149,6 +150,13 @@ async def _relay(
     return True
 
 
+def _log_failure(request: web.Request, translator: ResponseTranslator) -> None:
+    """An upstream failure's own words, which the client saw only as a request id (design.md 5.7)."""
+    error = translator.error
+    if error is not None and error.internal:
+        log.warning("%s %s: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
+
+
 async def _keep_finished(translator: ResponseTranslator, keep: Keep) -> None:
     if translator.response is not None:
         await keep(translator.response)
@@ -156,7 +164,7 @@ async def _keep_finished(translator: ResponseTranslator, keep: Keep) -> None:
 
 async def _failed_stream(request: web.Request, call: Call, error: ProxyError, keep: Keep) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     """An error the client acts on from the event (design.md 8.7), as a stream of its own."""
-    translator = ResponseTranslator(call)
+    translator = ResponseTranslator(call, request_id=request[REQUEST_ID])
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     events = translator.start() + translator.fail(error)

@@ -307,7 +307,7 @@ def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort:
         "tools": [msgspec.to_builtins(tool) for tool in tools],
         "tool_choice": _echoed_choice(choice),
         "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
-        "text": {"format": msgspec.to_builtins(text.format), "verbosity": None},
+        "text": {"format": _echoed_format(text), "verbosity": None},
         "reasoning": {"effort": effort, "summary": reasoning.summary},
         "temperature": 1.0 if request.temperature is None else request.temperature,
         "top_p": 1.0 if request.top_p is None else request.top_p,
@@ -333,3 +333,10 @@ def _echoed_choice(choice: ToolChoice | None) -> Any:
     if isinstance(choice, str):
         return choice
     return {key: value for key, value in msgspec.to_builtins(choice).items() if value is not None}
+
+
+def _echoed_format(text: TextConfig) -> dict[str, Any]:
+    echoed: dict[str, Any] = msgspec.to_builtins(text.format)
+    if isinstance(text.format, TextFormatJsonSchema) and text.format.strict is None:
+        echoed["strict"] = False  # Open Responses needs a bool: false is what applied
+    return echoed

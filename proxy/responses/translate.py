@@ -68,8 +68,11 @@ class _ToolCall:
 
 
 class ResponseTranslator:
-    def __init__(self, call: Call, *, streaming: bool = True, clock: Clock = time.time, ids: IdSource = new_id) -> None:
+    def __init__(
+        self, call: Call, *, streaming: bool = True, clock: Clock = time.time, ids: IdSource = new_id, request_id: str = ""
+    ) -> None:
         self._call = call
+        self._request_id = request_id  # named in what a client sees of an upstream failure
         self._streaming = streaming
         self._logprobs = call.logprobs
         self._clock = clock
@@ -360,9 +363,10 @@ class ResponseTranslator:
         if self.done:
             return
         self._close_all(None, "incomplete")
-        self.error = error
-        self._emit("error", code=error.code, message=error.message, param=error.param)
-        self._terminate("response.failed", "failed", error={"code": error.response_code, "message": error.message})
+        self.error = error  # as it was, for the log
+        shown = error.for_client(self._request_id)
+        self._emit("error", code=shown.code, message=shown.message, param=shown.param)
+        self._terminate("response.failed", "failed", error={"code": shown.response_code, "message": shown.message})
 
     def _terminate(self, event: str, status: str, **fields: Any) -> None:
         response = self._snapshot(status)

@@ -24,7 +24,7 @@ import aiohttp
 import orjson
 
 from ..config import HealthCheck, Timeouts, Upstream
-from ..errors import ProxyError, UpstreamNotReached, UpstreamTimeout, UpstreamUnreachable
+from ..errors import ProxyError, UpstreamNotReached, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 from ..responses.chat import upstream_error
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -57,6 +57,10 @@ class _Failures:
     def status(self, status: int, body: bytes) -> ProxyError:
         self._hook(self._name, f"status_{status}")
         return upstream_error(body, status)
+
+    def redirect(self, status: int) -> UpstreamProtocolError:
+        self._hook(self._name, "redirect")
+        return UpstreamProtocolError(f"upstream {self._name} answered with a redirect ({status}), which the proxy does not follow")
 
     async def guard(self, operation: Awaitable[T], timeout: float, deadline: float | None) -> T:
         """`operation` within `timeout` (and the exchange's `deadline`), its failures ours."""
@@ -211,6 +215,9 @@ class UpstreamClient:
             try:
                 if response.status >= 400:
                     raise self._failures.status(response.status, await _error_body(response))
+                if response.status >= 300:
+                    # Following would send the prompt wherever `Location` says (design.md 6.9).
+                    raise self._failures.redirect(response.status)
                 exchange = Exchange(response, self.config.timeouts, self._failures, deadline)
                 try:
                     yield exchange
@@ -226,7 +233,7 @@ class UpstreamClient:
 
     async def get(self, path: str) -> tuple[int, bytes]:
         async def fetch() -> tuple[int, bytes]:
-            async with self._session.get(self._candidates()[0].url + path) as response:
+            async with self._session.get(self._candidates()[0].url + path, allow_redirects=False) as response:
                 return response.status, await response.read()
 
         return await self._failures.guard(fetch(), self.config.timeouts.connect + self.config.timeouts.idle, None)
@@ -247,7 +254,9 @@ class UpstreamClient:
             replica.outstanding += 1
             try:
                 response = await self._failures.guard(
-                    self._session.post(replica.url + path, data=data, headers=headers), self.config.timeouts.first_byte, deadline
+                    self._session.post(replica.url + path, data=data, headers=headers, allow_redirects=False),
+                    self.config.timeouts.first_byte,
+                    deadline,
                 )
             except UpstreamNotReached as error:
                 replica.outstanding -= 1
@@ -268,7 +277,7 @@ class UpstreamClient:
     async def _probe_one(self, replica: Replica, path: str) -> None:
         try:
             async with asyncio.timeout(self.config.timeouts.connect):
-                async with self._session.get(replica.url + path) as response:
+                async with self._session.get(replica.url + path, allow_redirects=False) as response:
                     replica.healthy = response.status < 400
         except Exception:  # whatever the failure, the replica is down and the probe goes on
             replica.healthy = False

@@ -39,7 +39,7 @@ def messages(items: Any, **upstream: Any) -> list[dict]:
 def refusal(body: bytes | dict[str, Any], **upstream: Any) -> InvalidRequest:
     """The refusal of a raw body (read as the HTTP layer reads it) or of request fields."""
     with pytest.raises(InvalidRequest) as caught:
-        data = load_json(body) if isinstance(body, bytes) else {"model": "client-model", "input": "hi", **body}
+        data = load_json(body, 128) if isinstance(body, bytes) else {"model": "client-model", "input": "hi", **body}
         plan_call(parse_request(data), TranslationSettings(UPSTREAM_MODEL, **upstream))
     return caught.value
 

@@ -10,6 +10,7 @@ from proxy.responses.translate import translate_completion
 from tests.client import parse_sse
 from tests.events import (
     NOW,
+    REQUEST_ID,
     as_response_logprob,
     check_stream,
     error_frame,
@@ -284,10 +285,17 @@ def assert_failed_after(k: int, pieces: list[bytes], message: str | None = None)
 
 
 @pytest.mark.parametrize("k", range(1, len(CHUNKS) + 1))
-def test_error_frame_mid_stream(k: int) -> None:
-    # SGLang sends finish and usage chunks (and [DONE]) after its error frame: none may count.
-    body = sse(CHUNKS[:k], done=False) + error_frame("it broke") + sse(CHUNKS[k:])
-    assert_failed_after(k, [body], "it broke")
+@pytest.mark.parametrize(
+    ("code", "shown"),
+    [(400, "it broke"), (500, f"upstream error (server_error); request id {REQUEST_ID}")],
+    ids=["client-fault", "upstream-fault"],
+)
+def test_error_frame_mid_stream(k: int, code: int, shown: str) -> None:
+    """An upstream's words reach the client only when the fault was the request's
+    (design.md 5.7); SGLang sends finish and usage chunks (and [DONE]) after its error frame:
+    none may count."""
+    body = sse(CHUNKS[:k], done=False) + error_frame("it broke", code) + sse(CHUNKS[k:])
+    assert_failed_after(k, [body], shown)
 
 
 @pytest.mark.parametrize("garbage", [b"data: garbage\n\n", b'data: {"choices": 5}\n\n', b"data: {\n\n"])
@@ -331,7 +339,8 @@ def test_fail_mid_stream(k: int) -> None:
     tail = translator.fail(error)
     stream = check_stream([*events, *parse_sse(tail)])
     assert stream.terminal == "response.failed" and translator.done
-    assert stream.events[-2]["code"] == error.code and stream.events[-2]["message"] == error.message
+    assert stream.events[-2]["code"] == error.code and stream.events[-2]["message"] == error.for_client(REQUEST_ID).message
+    assert translator.error is error  # its own words, for the log
     assert stream.logprobs == sent_scores(CHUNKS[:k])
     # Nothing after the end, whatever comes.
     assert translator.feed(sse(CHUNKS[k:])) == b"" and translator.finish() == b"" and translator.fail(error) == b""
