@@ -3,8 +3,10 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 CONFIG ?= configs/proxy.yaml
+E2E_CACHE ?= .cache/e2e
+E2E_STAMP := $(VENV)/.e2e-installed
 
-.PHONY: run test test-core lint bench check-config clean
+.PHONY: run test test-core lint e2e bench check-config clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,6 +27,17 @@ test-core: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/ruff check proxy tests
+
+$(E2E_STAMP): $(STAMP)
+	$(BIN)/pip install -q -e '.[test,e2e]'
+	touch $(E2E_STAMP)
+
+# Real agent clients (Codex CLI, the Vercel AI SDK, openai-agents) against the proxy and the
+# scripted upstream. Needs Node >= 20 and npm: the JS clients go into $(E2E_CACHE) (about
+# 450 MB, once).
+e2e: $(E2E_STAMP)
+	E2E_CACHE=$(E2E_CACHE) $(BIN)/python -m tests.e2e.install
+	E2E_CACHE=$(E2E_CACHE) $(BIN)/python -m pytest tests/e2e
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench

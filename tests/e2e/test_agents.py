@@ -1,0 +1,71 @@
+"""openai-agents (Python, in this process): `Runner.run_streamed` with a function tool, through
+the proxy."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+
+from tests.e2e.model import answers, calls, script, tool_round
+from tests.fake_upstream import FakeUpstream
+
+THOUGHT = "Paris: the weather tool knows."
+ANSWER = "It is 21C in Paris."
+
+
+async def test_streamed_function_tool_round_trip(upstream: FakeUpstream, proxy: str) -> None:
+    script(upstream, calls("get_weather", {"city": "Paris"}, "call_w", reasoning=THOUGHT), answers(ANSWER))
+    asked: list[str] = []
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the weather for a city."""
+        asked.append(city)
+        return f"21C in {city}"
+
+    set_tracing_disabled(True)  # else the SDK posts traces to api.openai.com
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
+        model = OpenAIResponsesModel(model="qwen3", openai_client=client)
+        agent = Agent(name="assistant", instructions="You are a helpful assistant.", model=model, tools=[get_weather])
+        result = Runner.run_streamed(agent, "What is the weather in Paris?")
+        named = [event.name async for event in result.stream_events() if event.type == "run_item_stream_event"]
+
+    assert asked == ["Paris"]
+    assert result.final_output == ANSWER
+    assert named == ["reasoning_item_created", "tool_called", "tool_output", "message_output_created"]
+    assert [item.type for item in result.new_items] == ["reasoning_item", "tool_call_item", "tool_call_output_item", "message_output_item"]
+    assistant, tool = tool_round(upstream)
+    [call] = assistant["tool_calls"]
+    assert (call["function"]["name"], json.loads(call["function"]["arguments"])) == ("get_weather", {"city": "Paris"})
+    assert tool["content"] == "21C in Paris"
+    assert assistant.get("reasoning_content") == THOUGHT, assistant  # replayed from the reasoning item's content
+
+
+async def test_auto_previous_response_id_chains_through_the_store(upstream: FakeUpstream, proxy: str) -> None:
+    """With `auto_previous_response_id`, the SDK's second request carries only the tool's
+    result and the first response's id: the proxy rebuilds the turn from its store."""
+    script(upstream, calls("get_weather", {"city": "Paris"}, "call_w", reasoning=THOUGHT), answers(ANSWER))
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the weather for a city."""
+        return f"21C in {city}"
+
+    set_tracing_disabled(True)
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
+        model = OpenAIResponsesModel(model="qwen3", openai_client=client)
+        agent = Agent(name="assistant", instructions="You are a helpful assistant.", model=model, tools=[get_weather])
+        result = Runner.run_streamed(agent, "What is the weather in Paris?", auto_previous_response_id=True)
+        async for _ in result.stream_events():
+            pass
+        first, last = (response.response_id for response in result.raw_responses)
+        stored = await client.responses.retrieve(last)
+
+    assert result.final_output == ANSWER
+    assert stored.previous_response_id == first  # the client chained, it did not resend
+    first_turn = upstream.requests[0]["messages"]
+    assistant, tool = tool_round(upstream)
+    assert upstream.requests[1]["messages"][: len(first_turn)] == first_turn  # the history, rebuilt
+    assert tool["content"] == "21C in Paris" and assistant.get("reasoning_content") == THOUGHT

@@ -1,0 +1,83 @@
+"""Codex CLI (`codex exec`, defaults but for a custom provider) through the proxy."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tests.e2e.clients import Codex
+from tests.e2e.model import answers, calls, chat_tools, script, tool_round
+from tests.fake_upstream import FakeUpstream
+
+DONE = "All done."
+
+
+async def test_exec_command_turn(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
+    # Text before the call: the message stays open while the call streams (design.md 4.3).
+    # The arithmetic shows that a shell ran the command: its text alone has no 42.
+    script(upstream, calls("exec_command", {"cmd": "echo e2e-$((6*7))"}, "call_echo", text="Running it."), answers(DONE))
+
+    run = await codex.exec(proxy, "Print the marker.", tmp_path)
+
+    assert run.rc == 0, run.transcript
+    commands = run.completed("command_execution")
+    assert [(c["exit_code"], c["status"]) for c in commands] == [(0, "completed")], run.transcript
+    assert "e2e-42" in commands[0]["aggregated_output"], run.transcript
+    assert [m["text"] for m in run.completed("agent_message")] == ["Running it.", DONE], run.transcript
+    assert "exec_command" in chat_tools(upstream.requests[0])
+    assistant, result = tool_round(upstream)
+    assert assistant.get("content") == "Running it.", assistant
+    [call] = assistant["tool_calls"]
+    assert call["function"]["name"] == "exec_command"
+    assert json.loads(call["function"]["arguments"]) == {"cmd": "echo e2e-$((6*7))"}
+    assert "e2e-42" in result["content"]
+
+
+async def test_reasoning_is_shown_and_replayed(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
+    thought = "The user wants the date; running date shows it."
+    script(upstream, calls("exec_command", {"cmd": "date"}, "call_date", reasoning=thought), answers(DONE))
+
+    run = await codex.exec(proxy, "What is the date?", tmp_path)
+
+    assert run.rc == 0, run.transcript
+    # Codex shows reasoning only from summary events (design.md 8.5).
+    assert [item["text"] for item in run.completed("reasoning")] == [thought], run.transcript
+    assert run.answer == DONE, run.transcript
+    assistant, _ = tool_round(upstream)
+    assert assistant.get("reasoning_content") == thought, assistant
+
+
+async def test_namespace_tool_call(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
+    # A multi_agent_v1 member: Codex runs it only when the call names its namespace.
+    name = "multi_agent_v1__wait_agent"
+    script(upstream, calls(name, {"targets": ["no-such-agent"], "timeout_ms": 10000}, "call_wait"), answers(DONE))
+
+    run = await codex.exec(proxy, "Wait for the agent.", tmp_path)
+
+    assert run.rc == 0, run.transcript
+    assert run.answer == DONE, run.transcript
+    assert name in chat_tools(upstream.requests[0])
+    assistant, result = tool_round(upstream)
+    # The namespace tool ran and refused the made-up id; a call it could not route reads
+    # "unsupported call: wait_agent".
+    assert result["content"].startswith("invalid agent id no-such-agent"), result
+    assert assistant["tool_calls"][0]["function"]["name"] == name
+
+
+async def test_custom_tool_call(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
+    # gpt-5.5 models get the custom (freeform, lark grammar) apply_patch tool.
+    patch = "*** Begin Patch\n*** Add File: hello.txt\n+hi from the model\n*** End Patch\n"
+    script(upstream, calls("apply_patch", {"input": patch}, "call_patch"), answers(DONE))
+
+    run = await codex.exec(proxy, "Create hello.txt.", tmp_path, model="gpt-5.5-local", flags=("--sandbox", "workspace-write"))
+
+    assert run.rc == 0, run.transcript
+    assert [change["status"] for change in run.completed("file_change")] == ["completed"], run.transcript
+    assert (tmp_path / "hello.txt").read_text() == "hi from the model\n"
+    assert run.answer == DONE, run.transcript
+    apply_patch = chat_tools(upstream.requests[0])["apply_patch"]
+    assert list(apply_patch["parameters"]["properties"]) == ["input"]
+    assert "begin_patch hunk+ end_patch" in apply_patch["description"]  # the lark grammar, so the model knows the syntax
+    assistant, result = tool_round(upstream)
+    assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {"input": patch}
+    assert "Success. Updated the following files:\nA hello.txt" in result["content"], result
