@@ -12,6 +12,7 @@ import msgspec
 import yaml
 
 from .responses.logprobs import SPEC_MAX_TOP_LOGPROBS
+from .responses.sse import DEFAULT_MAX_EVENT
 
 DEFAULT_UPSTREAM = "http://127.0.0.1:30000"
 
@@ -58,6 +59,10 @@ class Upstream(_Section, frozen=True):
     api_key_env: str | None = None
     timeouts: Timeouts = Timeouts()
     max_connections: Annotated[int, msgspec.Meta(ge=1)] = 1000
+    # What one answer may cost in memory (design.md 6.11): a 20k-token answer with 20
+    # alternatives a token is about 25 MB; one SSE event carries a few tokens.
+    max_answer_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024 * 1024
+    max_event_bytes: Annotated[int, msgspec.Meta(ge=1024)] = DEFAULT_MAX_EVENT
     max_top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=SPEC_MAX_TOP_LOGPROBS)] = SPEC_MAX_TOP_LOGPROBS
     logprobs: bool = True
     # SGLang reads and writes `reasoning_content`, vLLM `reasoning`; `none` drops replayed reasoning.

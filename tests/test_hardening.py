@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import logging
 import zlib
+from collections.abc import Iterator
 
 import aiohttp
 import openai.types.responses as sdk
@@ -253,3 +254,59 @@ async def test_json_schema_strict_is_echoed_as_a_bool(upstream: FakeUpstream, pr
     sdk.Response.model_validate(response)
     # openresponses-types 2.4 types a format's `schema` as None (its bug): the rest must hold.
     spec.JsonSchemaResponseFormat.model_validate({**response["text"]["format"], "schema": None})
+
+
+# -- 9. compressed upstream answers ------------------------------------------------------------------
+
+
+async def test_the_proxy_asks_for_identity_and_relays_an_encoding_it_gets_anyway(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession
+) -> None:
+    completion = Generation([Step("text", "Hi"), Step("finish", finish_reason="stop")]).completion()
+    compressed = Reply(status=200, body=gzip.compress(orjson.dumps(completion)), headers={"Content-Encoding": "gzip"})
+    upstream.script(compressed)
+    async with http.post(f"{proxy}/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}) as response:
+        assert response.status == 200 and response.headers["Content-Encoding"] == "gzip"
+        assert (await response.json())["choices"][0]["message"]["content"] == "Hi"  # aiohttp decoded it
+    assert upstream.headers[-1]["accept-encoding"] == "identity"
+    for stream in (False, True):
+        upstream.script(compressed)
+        status, _, raw = await post(http, proxy, {**BODY, "stream": stream})
+        assert status == 502 and envelope(orjson.loads(raw), "upstream_protocol_error")
+
+
+# -- 10. memory bounds -------------------------------------------------------------------------------
+
+
+async def test_a_non_streaming_answer_over_the_limit_is_refused(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url], "max_answer_bytes": 4096}]}))
+    long = Generation([Step("text", "x" * 10_000), Step("finish", finish_reason="stop")])
+    upstream.script(Reply(long))
+    status, _, raw = await post(http, url, BODY)
+    assert status == 502 and envelope(orjson.loads(raw), "upstream_protocol_error")
+
+
+async def test_an_endless_sse_line_fails_the_stream_at_the_limit(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url], "max_event_bytes": 64 * 1024}]}))
+    sent = 0
+
+    def endless() -> Iterator[bytes]:
+        nonlocal sent
+        yield b'data: {"choices": [{"index": 0, "delta": {"content": "'
+        while sent < 64 * 1024 * 1024:  # would be 64 MiB unbounded
+            sent += 16 * 1024
+            yield b"x" * 16 * 1024
+
+    upstream.script(Reply(frames=endless()))
+    async with http.post(f"{url}/v1/responses", json={**BODY, "stream": True}) as response:
+        raw = await response.read()
+    assert b"response.failed" in raw and b"upstream_protocol_error" in raw
+    assert sent < 16 * 1024 * 1024  # it stopped reading soon after the limit (socket buffers hold the rest)
+
+
+async def test_a_20k_token_answer_with_20_alternatives_passes(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    steps = [Step("text", f"w{i % 10}", [score(f"w{i % 10}", top=20)]) for i in range(20_000)]
+    upstream.script(Reply(Generation([*steps, Step("finish", finish_reason="stop")])))
+    status, _, raw = await post(http, proxy, {**BODY, "include": ["message.output_text.logprobs"], "top_logprobs": 20}, seconds=60)
+    assert status == 200, raw[:300]
+    assert len(orjson.loads(raw)["output"][0]["content"][0]["logprobs"]) == 20_000

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import orjson
-from aiohttp import web
+from aiohttp import hdrs, web
 
 from ..appkeys import RUNTIME
 from ..errors import InvalidRequest, ProxyError
@@ -19,9 +19,12 @@ async def forward(request: web.Request) -> web.StreamResponse:
     target, client = find_target(request, model)
     if target.model != model:
         body = orjson.dumps({**data, "model": target.model})
-    async with client.post(request.path, body, upstream_headers(request)) as exchange:
+    async with client.post(request.path, body, upstream_headers(request), relayed=True) as exchange:
         upstream = exchange.response
-        response = web.StreamResponse(status=upstream.status, headers={"Content-Type": upstream.headers.get("Content-Type", "application/json")})
+        headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json")}
+        if hdrs.CONTENT_ENCODING in upstream.headers:  # the bytes go as they came: say how (design.md 6.10)
+            headers[hdrs.CONTENT_ENCODING] = upstream.headers[hdrs.CONTENT_ENCODING]
+        response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
         try:
             while data := await exchange.read_chunk():

@@ -15,7 +15,7 @@ from aiohttp import web
 from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from ..config import Target
 from ..errors import ProxyError
-from ..responses.plan import Call, TranslationSettings, plan_call
+from ..responses.plan import TranslationSettings, plan_call
 from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
 from ..responses.translate import ResponseTranslator, translate_completion
@@ -50,10 +50,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         if store is not None and stored:
             await store.save(record_of(request, data, past, response))
 
+    translator = ResponseTranslator(call, request_id=request[REQUEST_ID], max_event=target.upstream.max_event_bytes)
     try:
         async with client.post(CHAT_PATH, call.chat, upstream_headers(request)) as exchange:
             if call.stream:
-                response, output = await _stream(request, call, exchange, started, keep)
+                response, output = await _stream(request, translator, exchange, started, keep)
             else:
                 output = translate_completion(call, await exchange.read_body())
                 await keep(output)
@@ -61,7 +62,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     except ProxyError as error:
         if not (call.stream and error.in_stream):
             raise
-        response, output = await _failed_stream(request, call, error, keep)
+        response, output = await _failed_stream(request, translator, error, keep)
     usage = output and output["usage"]
     if usage:
         runtime.metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
@@ -92,10 +93,9 @@ def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:
 
 
 async def _stream(
-    request: web.Request, call: Call, exchange: Exchange, started: float, keep: Keep
+    request: web.Request, translator: ResponseTranslator, exchange: Exchange, started: float, keep: Keep
 ) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     metrics = request.app[RUNTIME].metrics
-    translator = ResponseTranslator(call, request_id=request[REQUEST_ID])
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
 
@@ -162,9 +162,10 @@ async def _keep_finished(translator: ResponseTranslator, keep: Keep) -> None:
         await keep(translator.response)
 
 
-async def _failed_stream(request: web.Request, call: Call, error: ProxyError, keep: Keep) -> tuple[web.StreamResponse, dict[str, Any] | None]:
+async def _failed_stream(
+    request: web.Request, translator: ResponseTranslator, error: ProxyError, keep: Keep
+) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     """An error the client acts on from the event (design.md 8.7), as a stream of its own."""
-    translator = ResponseTranslator(call, request_id=request[REQUEST_ID])
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
     events = translator.start() + translator.fail(error)

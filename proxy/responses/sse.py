@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from ..errors import UpstreamProtocolError
 
+# A few tokens with their scores make an event; this bounds what one stream can hold unfinished.
+DEFAULT_MAX_EVENT = 8 * 1024 * 1024
+
 
 class SSEDecoder:
-    def __init__(self, max_event_size: int = 64 * 1024 * 1024) -> None:
+    def __init__(self, max_event_size: int = DEFAULT_MAX_EVENT) -> None:
         self._partial: list[bytes] = []  # the unfinished line, in pieces
         self._partial_size = 0
         self._data: list[bytes] = []  # the `data:` lines of the unfinished event
@@ -46,7 +49,7 @@ class SSEDecoder:
         self._partial.append(piece)
         self._partial_size += len(piece)
         if self._partial_size + self._event_size > self._max_event_size:
-            raise UpstreamProtocolError(f"upstream SSE event larger than {self._max_event_size} bytes")
+            raise UpstreamProtocolError(f"upstream answer too large (an SSE event over {self._max_event_size} bytes)")
 
     def _lines(self, lines: list[bytes]) -> list[bytes]:
         """Every line but the last, which is what followed the final newline (nothing)."""
@@ -66,5 +69,5 @@ class SSEDecoder:
                 data.append(value)
                 self._event_size += len(value)
         if self._event_size > self._max_event_size:
-            raise UpstreamProtocolError(f"upstream SSE event larger than {self._max_event_size} bytes")
+            raise UpstreamProtocolError(f"upstream answer too large (an SSE event over {self._max_event_size} bytes)")
         return events

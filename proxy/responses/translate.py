@@ -26,7 +26,7 @@ from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
 from .chat import Chunk, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error
 from .logprobs import response_logprobs
 from .plan import Call
-from .sse import SSEDecoder
+from .sse import DEFAULT_MAX_EVENT, SSEDecoder
 from .tools import ToolRef, custom_input
 
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
@@ -69,7 +69,14 @@ class _ToolCall:
 
 class ResponseTranslator:
     def __init__(
-        self, call: Call, *, streaming: bool = True, clock: Clock = time.time, ids: IdSource = new_id, request_id: str = ""
+        self,
+        call: Call,
+        *,
+        streaming: bool = True,
+        clock: Clock = time.time,
+        ids: IdSource = new_id,
+        request_id: str = "",
+        max_event: int = DEFAULT_MAX_EVENT,
     ) -> None:
         self._call = call
         self._request_id = request_id  # named in what a client sees of an upstream failure
@@ -79,7 +86,7 @@ class ResponseTranslator:
         self._new_id = ids
         self._id = ids("resp")
         self._created_at = int(clock())
-        self._sse = SSEDecoder()
+        self._sse = SSEDecoder(max_event)
         self._events: list[bytes] = []
         self._sequence = 0
         self._output: list[dict[str, Any]] = []

@@ -22,8 +22,9 @@ from typing import Any, TypeVar
 
 import aiohttp
 import orjson
+from aiohttp import hdrs
 
-from ..config import HealthCheck, Timeouts, Upstream
+from ..config import HealthCheck, Upstream
 from ..errors import ProxyError, UpstreamNotReached, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 from ..responses.chat import upstream_error
 
@@ -57,6 +58,14 @@ class _Failures:
     def status(self, status: int, body: bytes) -> ProxyError:
         self._hook(self._name, f"status_{status}")
         return upstream_error(body, status)
+
+    def too_large(self, limit: int) -> UpstreamProtocolError:
+        self._hook(self._name, "too_large")
+        return UpstreamProtocolError(f"upstream {self._name}: upstream answer too large (over {limit} bytes)")
+
+    def encoded(self, encoding: str) -> UpstreamProtocolError:
+        self._hook(self._name, "encoded")
+        return UpstreamProtocolError(f"upstream {self._name} sent a {encoding} answer although asked for identity")
 
     def redirect(self, status: int) -> UpstreamProtocolError:
         self._hook(self._name, "redirect")
@@ -95,19 +104,33 @@ class Exchange:
     not by a timeout context per read: a stream makes thousands of reads a second.
     """
 
-    __slots__ = ("response", "_timeouts", "_failures", "_deadline", "_waiting_since", "_timer")
+    __slots__ = ("response", "_config", "_timeouts", "_failures", "_deadline", "_waiting_since", "_timer")
 
-    def __init__(self, response: aiohttp.ClientResponse, timeouts: Timeouts, failures: _Failures, deadline: float | None) -> None:
+    def __init__(self, response: aiohttp.ClientResponse, config: Upstream, failures: _Failures, deadline: float | None) -> None:
         self.response = response
-        self._timeouts = timeouts
+        self._config = config
+        self._timeouts = config.timeouts
         self._failures = failures
         self._deadline = deadline
         self._waiting_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
 
     async def read_body(self) -> bytes:
-        """A whole non-streaming body: generated before it is sent, so it gets `first_byte`."""
-        return await self._failures.guard(self.response.read(), self._timeouts.first_byte, self._deadline)
+        """A whole non-streaming body, within `max_answer_bytes` (design.md 6.11): generated
+        before it is sent, so it gets `first_byte`."""
+        return await self._failures.guard(self._read_body(), self._timeouts.first_byte, self._deadline)
+
+    async def _read_body(self) -> bytes:
+        limit = self._config.max_answer_bytes
+        if (self.response.content_length or 0) > limit:
+            raise self._failures.too_large(limit)
+        pieces, size = [], 0
+        async for piece in self.response.content.iter_any():
+            size += len(piece)
+            if size > limit:
+                raise self._failures.too_large(limit)
+            pieces.append(piece)
+        return b"".join(pieces)
 
     async def read_chunk(self) -> bytes:
         """The next bytes of a streaming body (b"" at its end), within the idle timeout."""
@@ -170,7 +193,8 @@ class UpstreamClient:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
-        headers = {"Content-Type": "application/json", **config.headers}
+        # Identity: answers are read chunk by chunk as they come, never decompressed (design.md 6.10).
+        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", **config.headers}
         key = config.key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
@@ -198,8 +222,11 @@ class UpstreamClient:
         return any(replica.available(now) for replica in self.replicas)
 
     @asynccontextmanager
-    async def post(self, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None) -> AsyncIterator[Exchange]:
+    async def post(
+        self, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None, *, relayed: bool = False
+    ) -> AsyncIterator[Exchange]:
         """POST and yield the exchange once response headers arrived with a success status.
+        An answer the proxy reads must not be compressed; one it only `relayed` may be.
 
         Leaving the block before the body's end (a client gone, an error) closes the
         connection, which is how SGLang and vLLM learn to stop generating; a body read to
@@ -218,7 +245,10 @@ class UpstreamClient:
                 if response.status >= 300:
                     # Following would send the prompt wherever `Location` says (design.md 6.9).
                     raise self._failures.redirect(response.status)
-                exchange = Exchange(response, self.config.timeouts, self._failures, deadline)
+                encoding = response.headers.get(hdrs.CONTENT_ENCODING, "identity")
+                if not relayed and encoding.lower() != "identity":
+                    raise self._failures.encoded(encoding)
+                exchange = Exchange(response, self.config, self._failures, deadline)
                 try:
                     yield exchange
                 finally:
