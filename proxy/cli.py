@@ -19,7 +19,7 @@ from . import config as config_module
 from . import logs
 from .appkeys import RUNTIME
 from .config import Config, ConfigError
-from .server import create_app, serve
+from .server import create_app, serve, shut_down
 
 log = logging.getLogger("proxy")
 
@@ -55,7 +55,7 @@ async def run(args: argparse.Namespace, config: Config) -> None:
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
     app = create_app(config)
-    runner = await serve(app, host, port, reuse_port=args.workers > 1, shutdown_grace=config.shutdown_grace)
+    runner = await serve(app, host, port, reuse_port=args.workers > 1)
     log.info("listening on %s:%d", host, port)
     log_routes(config)
     stop = asyncio.Event()
@@ -64,9 +64,7 @@ async def run(args: argparse.Namespace, config: Config) -> None:
         loop.add_signal_handler(sig, stop.set)
     loop.add_signal_handler(signal.SIGHUP, reload, args, app)
     await stop.wait()
-    log.info("draining: streams in flight get %g s", config.shutdown_grace)
-    app[RUNTIME].draining = True
-    await runner.cleanup()
+    await shut_down(app, runner, config.shutdown_grace)
 
 
 def reload(args: argparse.Namespace, app: web.Application) -> None:

@@ -42,7 +42,9 @@ class Timeouts(_Section, frozen=True):
     # Prefill of a long prompt on a busy server can take minutes before the first token.
     first_byte: Seconds = 600.0
     idle: Seconds = 120.0
-    total: Seconds | None = None
+    total: Seconds | None = None  # the whole exchange, writes to a slow client included
+    # A client that takes nothing of a stream for this long is let go (design.md 4.12).
+    client_idle: Seconds = 60.0
 
 
 class HealthCheck(_Section, frozen=True):

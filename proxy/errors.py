@@ -12,6 +12,8 @@
     │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
     │   └── TooManyRequests         429  rate_limit_exceeded       (an upstream's own 429)
     ├── StoreUnavailable            503  store_unavailable         the response store failed a read
+    ├── ServerShuttingDown          503  server_shutting_down      draining after SIGTERM: retry elsewhere
+    ├── UpstreamBusy                503  upstream_busy             every pooled connection is in use
     └── UpstreamError               502  server_error              the upstream failed us
         ├── UpstreamUnreachable     502  upstream_unreachable      the connection broke
         │   └── UpstreamNotReached  502  upstream_unreachable      ...before the request left:
@@ -123,6 +125,18 @@ class TooManyRequests(InvalidRequest):
 class StoreUnavailable(ProxyError):
     status = 503
     code = "store_unavailable"
+
+
+class ServerShuttingDown(ProxyError):
+    status = 503
+    code = "server_shutting_down"
+
+
+class UpstreamBusy(ProxyError):
+    """The proxy's own pool to the upstream is full: not the upstream's failure (design.md 4.12)."""
+
+    status = 503
+    code = "upstream_busy"
 
 
 class UpstreamError(ProxyError):

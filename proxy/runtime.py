@@ -10,6 +10,7 @@ from collections.abc import Callable
 
 from . import config as config_module
 from .config import Config, Target, resolve
+from .errors import ServerShuttingDown
 from .metrics import Metrics
 from .responses.sealing import Sealer, derive_key
 from .store import ResponseStore
@@ -37,6 +38,23 @@ class Runtime:
         config, clients = self.config, self.clients
         target = resolve(config, model)
         return None if target is None else (target, clients[target.upstream.name])
+
+    async def drain(self, grace: float) -> bool:
+        """Wait until no upstream request is in flight, for `grace` seconds at most; whether
+        they all ended."""
+        clients = [*self.clients.values(), *self._retiring]
+        try:
+            async with asyncio.timeout(grace):
+                await asyncio.gather(*(client.idle() for client in clients))
+        except TimeoutError:
+            return False
+        return True
+
+    def end_exchanges(self) -> None:
+        """Fail every upstream exchange still open: its stream ends with `response.failed`."""
+        error = ServerShuttingDown("The proxy is shutting down; retry the request.")
+        for client in [*self.clients.values(), *self._retiring]:
+            client.end_exchanges(error)
 
     def ready(self) -> bool:
         return not self.draining and all(client.ready() for client in self.clients.values())

@@ -163,15 +163,27 @@ def create_app(config: Config) -> web.Application:
     return app
 
 
-async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False, shutdown_grace: float = 30.0) -> web.AppRunner:
+async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False, linger: float = 1.0) -> web.AppRunner:
     """Start `app` on host:port. The handler of a client that hangs up is cancelled, which
-    closes its upstream request, so the GPU stops generating for nobody. On cleanup the
-    listening socket closes first and requests in flight get `shutdown_grace` seconds."""
-    # aiohttp reads a shutdown_timeout of 0 as "wait for ever"; a grace of 0 means "cut now".
+    closes its upstream request, so the GPU stops generating for nobody. On cleanup (after
+    `shut_down`'s drain) the listening socket closes and handlers still running get `linger`
+    seconds before they are cancelled."""
     # auto_decompress off: read_body decompresses, strictly (design.md 5.8).
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=max(shutdown_grace, 0.001), logger=http_log, auto_decompress=False
-    )
+    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=linger, logger=http_log, auto_decompress=False)
     await runner.setup()
     await web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, reuse_port=reuse_port or None).start()
     return runner
+
+
+async def shut_down(app: web.Application, runner: web.AppRunner, grace: float) -> None:
+    """SIGTERM (design.md 5.10): keep listening, so that probes see `/ready` answer 503 and new
+    work a 503 to retry elsewhere, while what is in flight gets `grace` seconds; then every
+    stream still open ends with `response.failed` and `[DONE]`, and the process exits within
+    about a second more."""
+    runtime = app[RUNTIME]
+    runtime.draining = True
+    log.info("draining: streams in flight get %g s", grace)
+    if not await runtime.drain(grace):
+        log.warning("ending what outlived the grace of %g s", grace)
+        runtime.end_exchanges()
+    await runner.cleanup()

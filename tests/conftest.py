@@ -67,7 +67,7 @@ async def launch(upstream: FakeUpstream) -> AsyncIterator[Callable[..., Awaitabl
     runners: list[web.AppRunner] = []
 
     async def start(url: str | None = None, timeouts: dict | None = None, **top: Any) -> Running:
-        running = await Running.start(config(url or upstream.url, timeouts, **top), shutdown_grace=0.5)
+        running = await Running.start(config(url or upstream.url, timeouts, **top), linger=0.5)
         runners.append(running.runner)
         return running
 

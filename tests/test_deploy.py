@@ -58,7 +58,7 @@ class ProxyPod:
     @property
     def drain(self) -> int:
         """Seconds from the pod's deletion until the proxy has exited at the latest."""
-        return pre_stop_sleep(self.proxy) + self.config.get("shutdown_grace", DEFAULT_GRACE)
+        return pre_stop_sleep(self.proxy) + self.config.get("shutdown_grace", DEFAULT_GRACE) + 1  # design.md 5.10: a second past the grace
 
 
 def proxy_pods(path: Path) -> list[ProxyPod]:

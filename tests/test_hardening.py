@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import gzip
 import logging
+import socket
 import zlib
 from collections.abc import Iterator
 
@@ -18,7 +19,7 @@ from aiohttp import web
 
 from proxy.config import parse
 from proxy.logs import TextFormatter
-from tests.client import envelope
+from tests.client import envelope, eventually
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 from tests.harness import BODY, free_port, post
 
@@ -310,3 +311,51 @@ async def test_a_20k_token_answer_with_20_alternatives_passes(upstream: FakeUpst
     status, _, raw = await post(http, proxy, {**BODY, "include": ["message.output_text.logprobs"], "top_logprobs": 20}, seconds=60)
     assert status == 200, raw[:300]
     assert len(orjson.loads(raw)["output"][0]["content"][0]["logprobs"]) == 20_000
+
+
+# -- 7. clients that stop reading ------------------------------------------------------------------
+
+# A stream far larger than the socket buffers between the proxy and a client that reads nothing.
+FLOOD = Generation([*(Step("text", "x" * 8192) for _ in range(2000)), Step("finish", finish_reason="stop")])
+
+
+async def silent_reader(url: str, body: dict) -> asyncio.StreamWriter:
+    """A client that sends a streaming request and never reads a byte of the answer."""
+    host, port = url.removeprefix("http://").split(":")
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
+    _, writer = await asyncio.open_connection(sock=sock)
+    data = orjson.dumps({**body, "stream": True})
+    writer.write(f"POST /v1/responses HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    await writer.drain()
+    return writer
+
+
+async def test_silent_readers_are_let_go_and_a_full_pool_says_so(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    timeouts = {"client_idle": 0.5, "connect": 0.3}
+    url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url], "max_connections": 3, "timeouts": timeouts}]}))
+    upstream.script(Reply(FLOOD))
+    readers = [await silent_reader(url, BODY) for _ in range(3)]
+    await eventually(lambda: upstream.active_streams == 3)
+    # The pool is full: a clear 503, not a timeout blamed on the upstream.
+    status, _, raw = await post(http, url, BODY)
+    assert status == 503 and envelope(orjson.loads(raw), "upstream_busy")["message"].startswith("All 3 connections")
+    # Past client_idle the silent readers are let go, and their upstream requests with them.
+    await eventually(lambda: upstream.disconnects == 3, timeout=5)
+    upstream.script(Reply(Generation([Step("text", "Hi"), Step("finish", finish_reason="stop")])))
+    status, _, raw = await post(http, url, BODY)
+    assert status == 200, raw
+    for writer in readers:
+        writer.close()
+
+
+async def test_total_bounds_an_exchange_blocked_on_a_slow_client(upstream: FakeUpstream, start_proxy) -> None:
+    url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url], "timeouts": {"total": 1.0, "client_idle": 60}}]}))
+    upstream.script(Reply(FLOOD))
+    started = asyncio.get_running_loop().time()
+    writer = await silent_reader(url, BODY)
+    await asyncio.wait_for(upstream.disconnected.wait(), 5)
+    assert asyncio.get_running_loop().time() - started < 3
+    writer.close()

@@ -149,7 +149,9 @@ async def test_sighup_applies_the_request_limits(upstream, spawn, change: dict, 
     assert answered == status
 
 
-async def test_sigterm_lets_a_stream_finish_refuses_new_connections_and_exits_0(upstream, spawn) -> None:
+async def test_sigterm_drains_with_ready_503_and_new_work_refused_then_exits_0(upstream, spawn) -> None:
+    """design.md 5.10: the listener stays open through the drain, so probes see /ready turn 503
+    and new generations get a 503 to retry elsewhere, while the stream in flight finishes."""
     upstream.script(Reply(SLOW, delay=0.1))  # about 1.5 s of stream
     grace = 10
     proxy = await spawn(routes(upstream, shutdown_grace=grace))
@@ -158,8 +160,16 @@ async def test_sigterm_lets_a_stream_finish_refuses_new_connections_and_exits_0(
         received = await response.content.readany()
         await eventually(lambda: upstream.active_streams == 1)
         proxy.proc.send_signal(signal.SIGTERM)
-        await eventually(lambda: refuses(proxy.url), timeout=5)
-        assert upstream.active_streams == 1  # refused while the stream still ran
+
+        async def ready_is(status: int) -> bool:
+            async with fresh() as probe, probe.get(f"{proxy.url}/ready") as answer:
+                return answer.status == status
+
+        await eventually(lambda: ready_is(503), timeout=5)
+        async with fresh() as other, other.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi"}) as refused:
+            assert refused.status == 503
+            assert (await refused.json())["error"]["code"] == "server_shutting_down"
+        assert upstream.active_streams == 1  # all that while, the stream ran on
         received += await response.read()
     events = parse_sse(received)
     assert events[-1]["type"] == "response.completed"
@@ -169,15 +179,20 @@ async def test_sigterm_lets_a_stream_finish_refuses_new_connections_and_exits_0(
 
 
 @pytest.mark.parametrize("grace", [0.5, 0])
-async def test_sigterm_cuts_a_stream_that_outlives_the_grace(upstream, spawn, grace: float) -> None:
+async def test_sigterm_ends_a_stream_that_outlives_the_grace(upstream, spawn, grace: float) -> None:
+    """At the grace, a stream still open gets `response.failed` and `[DONE]` (not a cut),
+    its upstream request is closed, and the process exits within a second more."""
     upstream.script(Reply(SLOW, stall_after=2))
     proxy = await spawn(routes(upstream, shutdown_grace=grace))
     async with fresh() as http, http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": True}) as response:
         await eventually(lambda: upstream.active_streams == 1)
+        signalled = asyncio.get_running_loop().time()
         proxy.proc.send_signal(signal.SIGTERM)
+        events = parse_sse(await response.read())
         assert await asyncio.wait_for(proxy.proc.wait(), grace + 5) == 0
-        with pytest.raises(aiohttp.ClientPayloadError):
-            await response.read()
+        assert asyncio.get_running_loop().time() - signalled < grace + 1.5
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+    assert events[-2]["code"] == "server_shutting_down"
     await asyncio.wait_for(upstream.disconnected.wait(), 5)  # the upstream request was closed, not left running
 
 

@@ -11,7 +11,7 @@ from aiohttp import hdrs, web
 
 from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from ..config import Target, served_models
-from ..errors import InvalidRequest, NotFound, PayloadTooLarge, UnsupportedMediaType
+from ..errors import InvalidRequest, NotFound, PayloadTooLarge, ServerShuttingDown, UnsupportedMediaType
 from ..upstream.client import UpstreamClient
 
 _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
@@ -103,6 +103,8 @@ def _too_deep(data: Any, limit: int) -> str | None:
 
 def find_target(request: web.Request, model: str) -> tuple[Target, UpstreamClient]:
     runtime = request.app[RUNTIME]
+    if runtime.draining:  # new generations go to a replica that stays (design.md 5.10)
+        raise ServerShuttingDown("The proxy is shutting down; retry on another replica.")
     found = runtime.target(model)
     if found is None:
         served = ", ".join(served_models(runtime.config))

@@ -102,16 +102,17 @@ async def _stream(
     def first_token() -> None:
         metrics.first_token.labels(request[MODEL_PATTERN]).observe(time.monotonic() - started)
 
-    heartbeat = _Heartbeat(response, request.app[RUNTIME].config.keepalive)
+    runtime = request.app[RUNTIME]
+    watch = _ClientWatch(request, response, runtime.config.keepalive, exchange.timeouts.client_idle, exchange.deadline)
     metrics.streams.inc()
     try:
-        whole = await _relay(response, translator, exchange, first_token, heartbeat, keep)
-        heartbeat.stop()
+        whole = await _relay(watch, translator, exchange, first_token, keep)
+        watch.stop()
         await response.write_eof()
     except ConnectionResetError:
         whole = False  # the client left before aiohttp cancelled us; leaving closes the upstream
     finally:
-        heartbeat.stop()
+        watch.stop()
         metrics.streams.dec()
     if whole:
         await exchange.drain()
@@ -119,17 +120,10 @@ async def _stream(
     return response, translator.response
 
 
-async def _relay(
-    response: web.StreamResponse,
-    translator: ResponseTranslator,
-    exchange: Exchange,
-    first_token: Callable[[], None],
-    heartbeat: _Heartbeat,
-    keep: Keep,
-) -> bool:
+async def _relay(watch: _ClientWatch, translator: ResponseTranslator, exchange: Exchange, first_token: Callable[[], None], keep: Keep) -> bool:
     """One client write per upstream read, until the terminal event (design.md 4.10). False
     when the upstream broke off, so there is nothing left to drain."""
-    await response.write(translator.start())
+    await watch.write(translator.start())
     waiting = True
     while not translator.done:
         try:
@@ -137,13 +131,12 @@ async def _relay(
         except ProxyError as error:
             events = translator.fail(error)
             await _keep_finished(translator, keep)
-            await response.write(events)
+            await watch.write(events)
             return False
         events = translator.feed(data) if data else translator.finish()
         await _keep_finished(translator, keep)
         if events:
-            heartbeat.wrote()
-            await response.write(events)
+            await watch.write(events)
         if waiting and translator.generating:
             waiting = False
             first_token()
@@ -175,23 +168,35 @@ async def _failed_stream(
     return response, translator.response
 
 
-class _Heartbeat:
-    """An SSE comment on a stream that has had nothing to say for `period` seconds, so that
-    idle timers between the proxy and the client keep the connection (design.md 4.11). A
-    timer, not a timeout per read: reads come thousands of times a second."""
+class _ClientWatch:
+    """One timer on the client's side of a stream. While the upstream is silent, an SSE comment
+    every `keepalive` seconds keeps idle timers between the proxy and the client from cutting
+    a long prefill (design.md 4.11). A client that takes nothing for `client_idle` seconds, or
+    whose stream outlives the exchange's `total` with a write still pending, is let go: its
+    connection closes, and with it the upstream request (design.md 4.12). A timer, not a
+    timeout per write: writes come thousands of times a second."""
 
-    __slots__ = ("_response", "_period", "_loop", "_last", "_timer", "_beat")
+    __slots__ = ("_request", "_response", "_keepalive", "_client_idle", "_deadline", "_loop", "_last", "_writing_since", "_timer", "_beat")
 
-    def __init__(self, response: web.StreamResponse, period: float | None) -> None:
+    def __init__(self, request: web.Request, response: web.StreamResponse, keepalive: float | None, client_idle: float, deadline: float | None) -> None:
+        self._request = request
         self._response = response
-        self._period = period
+        self._keepalive = keepalive
+        self._client_idle = client_idle
+        self._deadline = deadline
         self._loop = asyncio.get_running_loop()
-        self._last = self._loop.time()
+        self._last = self._loop.time()  # the end of the last write
+        self._writing_since: float | None = None
         self._beat: asyncio.Task[None] | None = None
-        self._timer = None if period is None else self._loop.call_at(self._last + period, self._check)
+        self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._due(self._last), self._check)
 
-    def wrote(self) -> None:
-        self._last = self._loop.time()
+    async def write(self, data: bytes) -> None:
+        self._writing_since = self._loop.time()
+        try:
+            await self._response.write(data)
+        finally:
+            self._writing_since = None
+            self._last = self._loop.time()
 
     def stop(self) -> None:
         if self._timer is not None:
@@ -200,15 +205,32 @@ class _Heartbeat:
         if self._beat is not None:
             self._beat.cancel()  # a beat still waiting to write must not follow the last event
 
-    def _check(self) -> None:
-        assert self._period is not None
-        now = self._loop.time()
-        if now - self._last >= self._period and (self._beat is None or self._beat.done()):
-            # The relay is waiting on the upstream, so this write interleaves with none of its own.
-            self._beat = asyncio.create_task(self._send())
-            self._last = now
-        self._timer = self._loop.call_at(self._last + self._period, self._check)
+    def _due(self, now: float) -> float:
+        """When to look next: a write that began may not be seen for half of `client_idle`,
+        since a write starts without touching the timer."""
+        writing = self._writing_since
+        if writing is not None:
+            due = writing + self._client_idle
+        else:
+            due = now + self._client_idle / 2
+            if self._keepalive is not None:
+                due = min(due, self._last + self._keepalive)
+        return due if self._deadline is None else min(due, self._deadline)
 
-    async def _send(self) -> None:
+    def _check(self) -> None:
+        now = self._loop.time()
+        writing = self._writing_since
+        if writing is not None and (now - writing >= self._client_idle or (self._deadline is not None and now >= self._deadline)):
+            self._timer = None
+            if self._request.transport is not None:
+                self._request.transport.abort()  # the pending write fails; the handler ends
+            return
+        if writing is None and self._keepalive is not None and now - self._last >= self._keepalive and (self._beat is None or self._beat.done()):
+            # The relay is waiting on the upstream, so this write interleaves with none of its own.
+            self._beat = asyncio.create_task(self._send_keepalive())
+            self._last = now
+        self._timer = self._loop.call_at(max(self._due(now), now + 0.01), self._check)
+
+    async def _send_keepalive(self) -> None:
         with contextlib.suppress(ConnectionError):  # the client left: the relay finds out too
-            await self._response.write(KEEPALIVE)
+            await self.write(KEEPALIVE)

@@ -24,8 +24,8 @@ import aiohttp
 import orjson
 from aiohttp import hdrs
 
-from ..config import HealthCheck, Upstream
-from ..errors import ProxyError, UpstreamNotReached, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
+from ..config import HealthCheck, Timeouts, Upstream
+from ..errors import ProxyError, UpstreamBusy, UpstreamNotReached, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
 from ..responses.chat import upstream_error
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -66,6 +66,9 @@ class _Failures:
     def encoded(self, encoding: str) -> UpstreamProtocolError:
         self._hook(self._name, "encoded")
         return UpstreamProtocolError(f"upstream {self._name} sent a {encoding} answer although asked for identity")
+
+    def busy(self) -> None:
+        self._hook(self._name, "pool_full")
 
     def redirect(self, status: int) -> UpstreamProtocolError:
         self._hook(self._name, "redirect")
@@ -156,6 +159,19 @@ class Exchange:
         except (aiohttp.ClientError, TimeoutError):
             pass  # release() then closes the connection instead of pooling it
 
+    @property
+    def timeouts(self) -> Timeouts:
+        return self._timeouts
+
+    @property
+    def deadline(self) -> float | None:
+        """When the whole exchange must be over (loop time), if `total` is set."""
+        return self._deadline
+
+    def end(self, error: ProxyError) -> None:
+        """Fail the exchange from outside: its pending read, or its next one, raises `error`."""
+        self.response.content.set_exception(error)
+
     def stop_timer(self) -> None:
         if self._timer is not None:
             self._timer.cancel()
@@ -193,13 +209,17 @@ class UpstreamClient:
         self._in_flight = 0
         self._idle = asyncio.Event()
         self._idle.set()
+        self._exchanges: set[Exchange] = set()
+        # The pool's bound, ours rather than the connector's, so that a full pool says so
+        # instead of passing for an upstream that does not answer (design.md 4.12).
+        self._slots = asyncio.Semaphore(config.max_connections)
         # Identity: answers are read chunk by chunk as they come, never decompressed (design.md 6.10).
         headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", **config.headers}
         key = config.key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
         self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=config.max_connections, limit_per_host=0, keepalive_timeout=60),
+            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
             headers=headers,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect),
             auto_decompress=False,
@@ -214,8 +234,16 @@ class UpstreamClient:
 
     async def close_when_idle(self) -> None:
         """For a client a reload replaced: requests that started on it finish first."""
-        await self._idle.wait()
+        await self.idle()
         await self.close()
+
+    async def idle(self) -> None:
+        """Until no request is in flight."""
+        await self._idle.wait()
+
+    def end_exchanges(self, error: ProxyError) -> None:
+        for exchange in self._exchanges:
+            exchange.end(error)
 
     def ready(self) -> bool:
         now = time.monotonic()
@@ -235,6 +263,7 @@ class UpstreamClient:
         data = body if isinstance(body, bytes) else orjson.dumps(body)
         total = self.config.timeouts.total
         deadline = asyncio.get_running_loop().time() + total if total else None
+        await self._take_slot()
         self._in_flight += 1
         self._idle.clear()
         try:
@@ -249,17 +278,33 @@ class UpstreamClient:
                 if not relayed and encoding.lower() != "identity":
                     raise self._failures.encoded(encoding)
                 exchange = Exchange(response, self.config, self._failures, deadline)
+                self._exchanges.add(exchange)
                 try:
                     yield exchange
                 finally:
                     exchange.stop_timer()
+                    self._exchanges.discard(exchange)
             finally:
                 response.release()
                 replica.outstanding -= 1
         finally:
+            self._slots.release()
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
+
+    async def _take_slot(self) -> None:
+        if not self._slots.locked():
+            await self._slots.acquire()  # at once: no timer for the common case
+            return
+        try:
+            async with asyncio.timeout(self.config.timeouts.connect):
+                await self._slots.acquire()
+        except TimeoutError:
+            self._failures.busy()
+            raise UpstreamBusy(
+                f"All {self.config.max_connections} connections to upstream {self.config.name} are in use; try again."
+            ) from None
 
     async def get(self, path: str) -> tuple[int, bytes]:
         async def fetch() -> tuple[int, bytes]:
