@@ -55,7 +55,7 @@ async def run(args: argparse.Namespace, config: Config) -> None:
     host = args.host or config.listen.host
     port = config.listen.port if args.port is None else args.port
     app = create_app(config)
-    runner = await serve(app, host, port, reuse_port=args.workers > 1)
+    runner = await serve(app, host, port, connections=config.connections, reuse_port=args.workers > 1)
     log.info("listening on %s:%d", host, port)
     log_routes(config)
     stop = asyncio.Event()

@@ -142,6 +142,17 @@ class Store(_Section, frozen=True):
         return path.removeprefix("//") if path.startswith("///") else path
 
 
+class Connections(_Section, frozen=True):
+    """Client connections (design.md 5.11): a client may hold one only while it keeps to time."""
+
+    header_timeout: Seconds = 10.0  # a new connection's first request headers, complete
+    body_timeout: Seconds = 60.0  # a request's body, once its headers are in
+    keepalive: Seconds = 75.0  # an idle keep-alive connection between requests
+    # Client connections open at once; unset: half the open-file limit (raised to its hard
+    # limit at startup), the rest left for upstream connections and files.
+    max: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
 class Log(_Section, frozen=True):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -156,6 +167,7 @@ class Config(_Section, frozen=True):
     requests: Requests = Requests()
     reasoning: Reasoning = Reasoning()
     store: Store = Store()
+    connections: Connections = Connections()
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long streams in flight may run before they are cut.
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0

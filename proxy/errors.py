@@ -7,6 +7,7 @@
     │   ├── Unauthorized            401  invalid_api_key
     │   ├── NotFound                404  not_found
     │   ├── MethodNotAllowed        405  method_not_allowed
+    │   ├── RequestTimeout          408  request_timeout           its body came too slowly
     │   ├── PayloadTooLarge         413  request_too_large
     │   ├── UnsupportedMediaType    415  unsupported_media_type
     │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
@@ -101,6 +102,11 @@ class NotFound(InvalidRequest):
 class MethodNotAllowed(InvalidRequest):
     status = 405
     code = "method_not_allowed"
+
+
+class RequestTimeout(InvalidRequest):
+    status = 408
+    code = "request_timeout"
 
 
 class PayloadTooLarge(InvalidRequest):

@@ -34,6 +34,25 @@ class TextFormatter(logging.Formatter):
         return super().format(record)
 
 
+class Throttle:
+    """At most one line a `period` about something a client can make happen at will."""
+
+    def __init__(self, period: float = 1.0) -> None:
+        self._period = period
+        self._next = 0.0
+        self._held = 0
+
+    def allow(self) -> int | None:
+        """How many were held back since the last one let through, or None: hold this one."""
+        now = time.monotonic()
+        if now < self._next:
+            self._held += 1
+            return None
+        self._next = now + self._period
+        held, self._held = self._held, 0
+        return held
+
+
 def _escaped(value: Any) -> Any:
     return value if isinstance(value, int | float) else printable(str(value))
 

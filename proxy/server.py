@@ -15,8 +15,10 @@ from aiohttp.http_exceptions import HttpProcessingError
 
 from .api import endpoints, passthrough, responses, stored
 from .appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
-from .config import Config
+from .config import Config, Connections
+from .connections import GuardedSite
 from .errors import MethodNotAllowed, NotFound, ProxyError, Unauthorized
+from .logs import Throttle
 from .metrics import Metrics
 from .runtime import Runtime
 from .store import owner_of
@@ -38,24 +40,20 @@ class MalformedRequests(logging.Filter):
 
     def __init__(self) -> None:
         super().__init__()
-        self._next = 0.0
-        self._quiet = 0  # lines held back since the last one
+        self._throttle = Throttle()
 
     def filter(self, record: logging.LogRecord) -> bool:
         error = record.exc_info[1] if record.exc_info else None
         if not isinstance(error, HttpProcessingError):
             return True
-        now = time.monotonic()
-        if now < self._next:
-            self._quiet += 1
+        held = self._throttle.allow()
+        if held is None:
             return False
-        self._next = now + 1.0
         peer = record.args[0] if isinstance(record.args, tuple) and record.args else "?"
         record.msg = "malformed request from %s: %s (%d more since the last such line)"
-        record.args = (peer, type(error).__name__, self._quiet)
+        record.args = (peer, type(error).__name__, held)
         record.levelno, record.levelname = logging.WARNING, "WARNING"
         record.exc_info = record.exc_text = None
-        self._quiet = 0
         return True
 
 
@@ -163,15 +161,25 @@ def create_app(config: Config) -> web.Application:
     return app
 
 
-async def serve(app: web.Application, host: str, port: int, *, reuse_port: bool = False, linger: float = 1.0) -> web.AppRunner:
+async def serve(
+    app: web.Application, host: str, port: int, *, connections: Connections = Connections(), reuse_port: bool = False, linger: float = 1.0
+) -> web.AppRunner:
     """Start `app` on host:port. The handler of a client that hangs up is cancelled, which
-    closes its upstream request, so the GPU stops generating for nobody. On cleanup (after
-    `shut_down`'s drain) the listening socket closes and handlers still running get `linger`
-    seconds before they are cancelled."""
+    closes its upstream request, so the GPU stops generating for nobody. Connections are held
+    to time and number (design.md 5.11). On cleanup (after `shut_down`'s drain) the listening
+    socket closes and handlers still running get `linger` seconds before they are cancelled."""
     # auto_decompress off: read_body decompresses, strictly (design.md 5.8).
-    runner = web.AppRunner(app, handler_cancellation=True, access_log=None, shutdown_timeout=linger, logger=http_log, auto_decompress=False)
+    runner = web.AppRunner(
+        app,
+        handler_cancellation=True,
+        access_log=None,
+        shutdown_timeout=linger,
+        logger=http_log,
+        auto_decompress=False,
+        keepalive_timeout=connections.keepalive,
+    )
     await runner.setup()
-    await web.TCPSite(runner, host, port, backlog=1024, reuse_address=True, reuse_port=reuse_port or None).start()
+    await GuardedSite(runner, host, port, connections, reuse_port=reuse_port).start()
     return runner
 
 

@@ -73,7 +73,7 @@ class Running:
         app = create_app(config)
         if store_dir is not None:
             app.on_cleanup.append(lambda _: asyncio.to_thread(shutil.rmtree, store_dir, True))
-        runner = await serve(app, "127.0.0.1", 0, **options)
+        runner = await serve(app, "127.0.0.1", 0, connections=config.connections, **options)
         host, port = runner.addresses[0][:2]
         return cls(f"http://{host}:{port}", runner)
 

@@ -297,3 +297,37 @@ async def test_two_processes_share_their_responses_through_redis(upstream, spawn
                 assert response.status == 200 and (await response.json())["id"] == id
         async with http.get(f"{one.url}/v1/responses/{second['id']}/input_items") as response:
             assert [item["content"][0]["text"] for item in (await response.json())["data"]] == ["again"]
+
+
+async def test_header_dribblers_lock_no_one_out(upstream, spawn) -> None:
+    """design.md 5.11: with few file descriptors (ulimit -n 256), 300 clients dribbling their
+    headers a line at a time are refused past the connection limit or dropped at the header
+    timeout, and a client that keeps to time is served."""
+    upstream.script(Reply(Generation([Step("text", "Hi"), Step("finish", finish_reason="stop")])))
+    proxy = await spawn(routes(upstream, connections={"header_timeout": 1.0}), command=("prlimit", "--nofile=256", *PYTHON_M))
+    host, port = proxy.url.removeprefix("http://").split(":")
+    stop = asyncio.Event()
+
+    async def dribble() -> None:
+        with contextlib.suppress(OSError):
+            _, writer = await asyncio.open_connection(host, int(port))
+            writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\n")
+            while not stop.is_set() and not writer.is_closing():
+                await asyncio.sleep(0.2)
+                writer.write(b"X-Slow: 1\r\n")
+                await writer.drain()
+            writer.close()
+
+    dribblers = [asyncio.create_task(dribble()) for _ in range(300)]
+    try:
+        await asyncio.sleep(1.5)
+        async with fresh() as http:
+            async with asyncio.timeout(5), http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi"}) as response:
+                assert response.status == 200
+        assert proxy.proc.returncode is None
+        log = proxy.stderr()
+        assert "refused a connection" in log and "no request headers within 1 s" in log
+        assert log.count("refused a connection") < 10  # a line a second at most
+    finally:
+        stop.set()
+        await asyncio.gather(*dribblers)

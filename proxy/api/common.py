@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -11,7 +12,7 @@ from aiohttp import hdrs, web
 
 from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from ..config import Target, served_models
-from ..errors import InvalidRequest, NotFound, PayloadTooLarge, ServerShuttingDown, UnsupportedMediaType
+from ..errors import InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout, ServerShuttingDown, UnsupportedMediaType
 from ..upstream.client import UpstreamClient
 
 _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
@@ -33,17 +34,21 @@ async def read_body(request: web.Request) -> bytes:
         raise too_large
     pieces: list[bytes] = []
     size = 0
+    timeout = request.app[RUNTIME].config.connections.body_timeout
     try:
-        async for piece in request.content.iter_any():
-            for data in _decompressed(decompressor, piece, limit - size + 1):
-                size += len(data)
-                if size > limit:
-                    raise too_large
-                pieces.append(data)
+        async with asyncio.timeout(timeout):  # a body trickled in holds a connection (design.md 5.11)
+            async for piece in request.content.iter_any():
+                for data in _decompressed(decompressor, piece, limit - size + 1):
+                    size += len(data)
+                    if size > limit:
+                        raise too_large
+                    pieces.append(data)
     except web.RequestPayloadError:  # a broken chunked transfer
         raise InvalidRequest("The request body could not be read: its transfer encoding is broken.") from None
     except zlib.error:
         raise InvalidRequest("The request body could not be decompressed: it is corrupt.") from None
+    except TimeoutError:
+        raise RequestTimeout(f"The request body did not arrive within {timeout:g} s.") from None
     if decompressor is not None and (not decompressor.eof or decompressor.unused_data):
         raise InvalidRequest("The compressed request body is cut short or followed by other data.")
     return b"".join(pieces)
