@@ -162,7 +162,7 @@ def create_app(config: Config) -> web.Application:
 
 
 async def serve(
-    app: web.Application, host: str, port: int, *, connections: Connections = Connections(), reuse_port: bool = False, linger: float = 1.0
+    app: web.Application, host: str, port: int, *, connections: Connections, reuse_port: bool = False, linger: float = 1.0
 ) -> web.AppRunner:
     """Start `app` on host:port. The handler of a client that hangs up is cancelled, which
     closes its upstream request, so the GPU stops generating for nobody. Connections are held

@@ -321,9 +321,8 @@ async def test_header_dribblers_lock_no_one_out(upstream, spawn) -> None:
     dribblers = [asyncio.create_task(dribble()) for _ in range(300)]
     try:
         await asyncio.sleep(1.5)
-        async with fresh() as http:
-            async with asyncio.timeout(5), http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi"}) as response:
-                assert response.status == 200
+        async with fresh() as http, asyncio.timeout(5), http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi"}) as response:
+            assert response.status == 200
         assert proxy.proc.returncode is None
         log = proxy.stderr()
         assert "refused a connection" in log and "no request headers within 1 s" in log
