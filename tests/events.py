@@ -101,14 +101,14 @@ def chunk_scores(chunk: dict) -> list[dict]:
 
 def as_response_logprob(entry: dict) -> dict:
     """design.md 3.5, written out independently of the proxy: exactly four keys, bytes default
-    to the token's UTF-8, a null (or absent) logprob is -9999.0."""
+    to the token's UTF-8, a null (or absent) logprob or llama.cpp's lowest float is -9999.0."""
 
     def one(e: dict) -> dict:
         logprob = e.get("logprob")
         token_bytes = e.get("bytes")
         return {
             "token": e["token"],
-            "logprob": -9999.0 if logprob is None else logprob,
+            "logprob": -9999.0 if logprob is None or logprob < -1e37 else logprob,
             "bytes": list(e["token"].encode()) if token_bytes is None else token_bytes,
         }
 

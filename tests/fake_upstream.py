@@ -2,7 +2,7 @@
 
 Tests script what it answers (`Generation`, `Reply`) and inspect what it received
 (`requests`, `headers`) and whether the client walked away (`disconnects`, `disconnected`).
-The wire shapes follow SGLang 0.5.x and vLLM as recorded (design.md 6).
+The wire shapes follow SGLang 0.5.x, vLLM and llama.cpp's llama-server as recorded (design.md 6).
 """
 
 from __future__ import annotations
@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+import weakref
 from collections import deque
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -19,10 +20,12 @@ import orjson
 from aiohttp import web
 
 StepKind = Literal["reasoning", "text", "tool", "scores", "finish"]
-Dialect = Literal["sglang", "vllm"]
+Dialect = Literal["sglang", "vllm", "llama.cpp"]
 
 # Qwen's <|im_end|>: SGLang reports the stop token it matched.
 EOS_TOKEN_ID = 151645
+# What llama.cpp adds to its usage chunk and non-streaming body.
+LLAMA_TIMINGS = {"cache_n": 0, "prompt_n": 7, "prompt_ms": 12.5, "predicted_n": 3, "predicted_ms": 40.1, "predicted_per_second": 74.8}
 STREAM_ERROR_MESSAGE = "fake upstream: generation failed"
 _CONTENT_KINDS = ("reasoning", "text", "tool")
 
@@ -76,6 +79,17 @@ class Generation:
     def _sglang(self) -> bool:
         return self.dialect == "sglang"
 
+    @property
+    def _llama(self) -> bool:
+        return self.dialect == "llama.cpp"
+
+    def _scores(self, scores: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """llama.cpp puts the token's id first on every entry and alternative."""
+        if not self._llama:
+            return scores
+        ided = [{"id": 1000 + i, **entry} for i, entry in enumerate(scores)]
+        return [{**e, "top_logprobs": [{"id": 2000 + j, **t} for j, t in enumerate(e.get("top_logprobs") or [])]} for e in ided]
+
     def usage(self) -> dict[str, Any]:
         completion = self.completion_tokens
         if completion is None:
@@ -88,7 +102,9 @@ class Generation:
             "total_tokens": self.prompt_tokens + completion,
         }
         cached = {"cached_tokens": self.cached_tokens}
-        if self._sglang:
+        if self._llama:
+            usage["prompt_tokens_details"] = cached
+        elif self._sglang:
             usage["prompt_tokens_details"] = cached if self.cached_tokens else None
             usage["reasoning_tokens"] = self.reasoning_tokens
         else:
@@ -98,12 +114,13 @@ class Generation:
         return usage
 
     def _head(self, obj: str) -> dict[str, Any]:
-        return {
+        head = {
             "id": self.id if self._sglang else f"chatcmpl-{self.id}",
             "object": obj,
             "created": self.created,
             "model": self.model,
         }
+        return {**head, "system_fingerprint": "b11434-unknown"} if self._llama else head
 
     def _tool_call(self, step: Step) -> dict[str, Any]:
         if self._sglang:
@@ -127,25 +144,30 @@ class Generation:
             key = {"reasoning": "reasoning_content", "text": "content", "tool": "tool_calls"}
         else:
             delta = {}
-            key = {"reasoning": "reasoning", "text": "content", "tool": "tool_calls"}
+            key = {"reasoning": "reasoning_content" if self._llama else "reasoning", "text": "content", "tool": "tool_calls"}
         if step.kind == "tool":
             delta["tool_calls"] = [self._tool_call(step)]
         elif step.kind in key:
             delta[key[step.kind]] = step.text
-            if step.kind == "text" and not self._sglang:
+            if step.kind == "text" and self.dialect == "vllm":
                 delta["tool_calls"] = []  # as in the recorded vLLM 0.9 stream
         return delta
 
     def _chunk(
         self, delta: dict[str, Any], scores: list[dict[str, Any]], finish_reason: str | None
     ) -> dict[str, Any]:
-        logprobs = {"content": scores} if scores else None
+        logprobs = {"content": self._scores(scores)} if scores else None
         choice: dict[str, Any] = {"index": 0, "delta": delta}
         if self._sglang:
             matched = EOS_TOKEN_ID if finish_reason == "stop" else None
             choice |= {"logprobs": logprobs, "finish_reason": finish_reason,
                        "matched_stop": matched}
             return {**self._head("chat.completion.chunk"), "choices": [choice], "usage": None}
+        if self._llama:
+            choice = {"finish_reason": finish_reason, **choice}
+            if logprobs:
+                choice["logprobs"] = logprobs
+            return {"choices": [choice], **self._head("chat.completion.chunk")}
         # vLLM leaves out what it did not set (exclude_unset), as recorded.
         if logprobs:
             choice["logprobs"] = logprobs
@@ -155,11 +177,12 @@ class Generation:
 
     def chunks(self, logprobs: bool = True, usage: bool = True) -> list[dict[str, Any]]:
         """The streamed chat.completion.chunk objects, ending with the usage chunk if `usage`."""
-        role = {"role": "assistant", "content": ""}
+        role: dict[str, Any] = {"role": "assistant", "content": None if self._llama else ""}
         if self._sglang:
             role |= {"reasoning_content": None, "tool_calls": None}
         first = self._chunk(role, [], None)
-        first["choices"][0] |= {"logprobs": None, "finish_reason": None}  # vLLM sets them here
+        if not self._llama:
+            first["choices"][0] |= {"logprobs": None, "finish_reason": None}  # vLLM sets them here
         out = [first]
         previous: Step | None = None
         for step in self.steps:
@@ -168,7 +191,7 @@ class Generation:
             scores = step.scores if logprobs else []
             if (
                 step.kind == "finish"
-                and not self._sglang
+                and self.dialect == "vllm"
                 and previous is not None
                 and previous.kind in _CONTENT_KINDS
             ):
@@ -176,10 +199,13 @@ class Generation:
                 merged = [*(last.get("logprobs") or {}).get("content", []), *scores]
                 out[-1] = self._chunk(last["delta"], merged, step.finish_reason)
             else:
-                out.append(self._chunk(self._delta(step), scores, step.finish_reason))
+                delta = {} if step.kind == "finish" and self._llama else self._delta(step)
+                out.append(self._chunk(delta, scores, step.finish_reason))
             previous = step
         if usage:
             tail = {**self._head("chat.completion.chunk"), "choices": [], "usage": self.usage()}
+            if self._llama:
+                tail["timings"] = LLAMA_TIMINGS
             out.append(tail)
         return out
 
@@ -206,11 +232,12 @@ class Generation:
 
         message = {
             "role": "assistant",
-            "content": joined("text"),
-            "reasoning_content" if self._sglang else "reasoning": joined("reasoning"),
+            # llama.cpp: an empty string beside tool calls, not null.
+            "content": joined("text") or ("" if self._llama else None),
+            "reasoning" if self.dialect == "vllm" else "reasoning_content": joined("reasoning"),
             "tool_calls": list(calls.values()) or None,
         }
-        scores = [sc for s in self.steps for sc in s.scores] if logprobs else []
+        scores = self._scores([sc for s in self.steps for sc in s.scores]) if logprobs else []
         finish = next((s.finish_reason for s in self.steps if s.kind == "finish"), None)
         if not self._sglang:
             message = {k: v for k, v in message.items() if v is not None}
@@ -224,6 +251,8 @@ class Generation:
         if self._sglang:
             choice["matched_stop"] = EOS_TOKEN_ID if finish == "stop" else None
             out["metadata"] = None
+        elif self._llama:
+            out["timings"] = LLAMA_TIMINGS
         else:
             choice["stop_reason"] = None
         return out
@@ -257,6 +286,9 @@ class Reply:
     # then hang until the client leaves (`body_stall_after`) or abort (`body_drop_after`).
     body_stall_after: int | None = None
     body_drop_after: int | None = None
+    # As llama.cpp does: close the connection this long after a whole stream, though the
+    # answer said keep-alive (a client may have put the connection back in its pool by then).
+    close_after: float | None = None
 
 
 def _error_type(status: int) -> str:
@@ -289,6 +321,7 @@ class FakeUpstream:
         self._closing = asyncio.Event()
         self._runner: web.AppRunner | None = None
         self._port = 0
+        self._spent: weakref.WeakSet[asyncio.BaseTransport] = weakref.WeakSet()  # connections closing after a stream
 
     @property
     def url(self) -> str:
@@ -325,6 +358,9 @@ class FakeUpstream:
         return web.Response()
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
+        if request.transport in self._spent:
+            request.transport.close()
+            return web.Response()  # never sent: the connection is gone
         body = await request.json()
         self.requests.append(body)
         self.headers.append({k.lower(): v for k, v in request.headers.items()})
@@ -388,6 +424,10 @@ class FakeUpstream:
                 await resp.write(chunk)
             if cut >= len(events):
                 await resp.write_eof()
+                if reply.close_after is not None and request.transport is not None:
+                    # Done with this connection: what else comes on it is never read.
+                    self._spent.add(request.transport)
+                    asyncio.get_running_loop().call_later(reply.close_after, request.transport.close)
                 return resp
             if cut != reply.drop_after:  # stalled: hang until the client leaves or close()
                 await self._closing.wait()

@@ -20,6 +20,7 @@ _MAX_ERROR_TEXT = 1000
 # How SGLang, vLLM and llama.cpp word a prompt longer than the context (design.md 6.6): "The
 # input (N tokens) is longer than the model's context length", "This model's maximum context
 # length is N tokens", "the request exceeds the available context size" (exceed_context_size_error).
+_NO_STREAMED_TOOL_SCORES = "logprobs is not supported with tools + stream"
 _CONTEXT_OVERFLOW = re.compile(r"context length|context size|context window|context_length_exceeded|exceed_context_size", re.I)
 
 
@@ -109,6 +110,10 @@ def upstream_error(body: bytes, status: int | None = None) -> ProxyError:
     message = message or f"the upstream reported an error ({status})"
     if 400 <= status < 500 and _CONTEXT_OVERFLOW.search(f"{message} {code} {kind}"):
         return ContextLengthExceeded(message, param=param)
+    if 400 <= status < 500 and _NO_STREAMED_TOOL_SCORES in message:
+        # llama.cpp (design.md 6.13): say which of the client's own choices to change.
+        message = f"The upstream {message}: drop message.output_text.logprobs from include, or the tools, or stream."
+        param = "include"
     return rejected_by_upstream(status, message, param)
 
 

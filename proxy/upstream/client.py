@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
+import types
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from typing import Any, TypeVar
@@ -66,6 +67,9 @@ class _Failures:
     def encoded(self, encoding: str) -> UpstreamProtocolError:
         self._hook(self._name, "encoded")
         return UpstreamProtocolError(f"upstream {self._name} sent a {encoding} answer although asked for identity")
+
+    def stale(self) -> None:
+        self._hook(self._name, "stale_connection")
 
     def busy(self) -> None:
         self._hook(self._name, "pool_full")
@@ -214,23 +218,32 @@ class UpstreamClient:
         # instead of passing for an upstream that does not answer (design.md 4.12).
         self._slots = asyncio.Semaphore(config.max_connections)
         # Identity: answers are read chunk by chunk as they come, never decompressed (design.md 6.10).
-        headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", **config.headers}
+        self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", **config.headers}
         key = config.key()
         if key:
-            headers["Authorization"] = f"Bearer {key}"
-        self._session = aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60),
-            headers=headers,
-            timeout=aiohttp.ClientTimeout(total=None, sock_connect=config.timeouts.connect),
+            self._headers["Authorization"] = f"Bearer {key}"
+        reuse = aiohttp.TraceConfig()
+        reuse.on_connection_reuseconn.append(_mark_reused)
+        self._session = self._new_session(aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60), [reuse])
+        self._unpooled: aiohttp.ClientSession | None = None  # for a retry on a fresh connection
+        self._probe = asyncio.create_task(self._probe_forever(config.health_check)) if config.health_check else None
+
+    def _new_session(self, connector: aiohttp.BaseConnector, traces: list[aiohttp.TraceConfig] | None = None) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
+            connector=connector,
+            headers=self._headers,
+            timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.timeouts.connect),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
+            trace_configs=traces,
         )
-        self._probe = asyncio.create_task(self._probe_forever(config.health_check)) if config.health_check else None
 
     async def close(self) -> None:
         if self._probe is not None:
             self._probe.cancel()
         await self._session.close()
+        if self._unpooled is not None:
+            await self._unpooled.close()
 
     async def close_when_idle(self) -> None:
         """For a client a reload replaced: requests that started on it finish first."""
@@ -328,11 +341,7 @@ class UpstreamClient:
         for replica in self._candidates():
             replica.outstanding += 1
             try:
-                response = await self._failures.guard(
-                    self._session.post(replica.url + path, data=data, headers=headers, allow_redirects=False),
-                    self.config.timeouts.first_byte,
-                    deadline,
-                )
+                response = await self._failures.guard(self._post(replica.url + path, data, headers), self.config.timeouts.first_byte, deadline)
             except UpstreamNotReached as error:
                 replica.outstanding -= 1
                 replica.ejected_until = time.monotonic() + self.config.eject_seconds
@@ -343,6 +352,23 @@ class UpstreamClient:
             else:
                 return response, replica
         raise UpstreamNotReached(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
+
+    async def _post(self, url: str, data: bytes, headers: dict[str, str] | None) -> aiohttp.ClientResponse:
+        """POST on a pooled connection. One the upstream closed while it idled in the pool
+        (llama.cpp closes after every stream, though it says keep-alive) fails before any byte
+        of an answer: such a request never reached the model, and goes once more on a fresh
+        connection (design.md 6.12)."""
+        seen = {"reused": False}
+        try:
+            return await self._session.post(url, data=data, headers=headers, allow_redirects=False, trace_request_ctx=seen)
+        except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
+            answered = isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str)
+            if not seen["reused"] or answered or isinstance(exc, aiohttp.ClientConnectorError):
+                raise
+        self._failures.stale()
+        if self._unpooled is None:
+            self._unpooled = self._new_session(aiohttp.TCPConnector(force_close=True, limit=0))
+        return await self._unpooled.post(url, data=data, headers=headers, allow_redirects=False)
 
     async def _probe_forever(self, check: HealthCheck) -> None:
         while True:
@@ -365,3 +391,8 @@ async def _error_body(response: aiohttp.ClientResponse) -> bytes:
         return await response.content.read(_MAX_ERROR_BODY)
     except aiohttp.ClientError:
         return b""
+
+
+async def _mark_reused(session: aiohttp.ClientSession, context: types.SimpleNamespace, params: aiohttp.TraceConnectionReuseconnParams) -> None:
+    if context.trace_request_ctx is not None:  # a POST asked to know (_post); probes do not
+        context.trace_request_ctx["reused"] = True

@@ -32,6 +32,12 @@ ENTRIES = {
     "token text null": {"token": "null", "logprob": -1.0, "bytes": [110, 117, 108, 108], "top_logprobs": [{"token": ":null", "logprob": -2.0, "bytes": [58, 110, 117, 108, 108]}]},
     "no top_logprobs": {"token": "a", "logprob": -1.0, "bytes": [97]},
     "top_logprobs null": {"token": "a", "logprob": -1.0, "bytes": [97], "top_logprobs": None},
+    # llama.cpp: a token id on every entry and alternative, first or last.
+    "llama.cpp id": {"id": 6974, "token": "Write", "bytes": [87], "logprob": -0.87, "top_logprobs": [{"id": 6974, "token": "Write", "bytes": [87], "logprob": -0.87}, {"token": "<", "bytes": [60], "logprob": -2.6, "id": 236820}]},
+    "llama.cpp zero probability": {"id": 1, "token": "x", "bytes": [120], "logprob": -3.4028234663852886e38, "top_logprobs": [{"id": 2, "token": "y", "bytes": [121], "logprob": -3.4028234663852886e38}]},
+    "llama.cpp end of sequence": {"id": 1, "token": "", "bytes": [], "logprob": -7.66, "top_logprobs": [{"id": 236820, "token": "<", "bytes": [60], "logprob": -0.5}]},
+    "a key of some other server": {"token": "a", "logprob": -1.0, "bytes": [97], "text_offset": 3, "top_logprobs": []},
+    "a token that holds a key": {"token": '"id":5,', "logprob": -1.0, "bytes": [34], "top_logprobs": [{"token": '","id":1}', "logprob": -2.0, "bytes": [44]}]},
 }
 
 
@@ -55,3 +61,11 @@ def test_content_that_is_not_a_list_of_entries_is_a_protocol_error(content: byte
 @pytest.mark.parametrize(("requested", "cap", "sent"), [(None, 20, 0), (5, 20, 5), (21, 20, 20), (10**9, 20, 20), (7, 3, 3)])
 def test_effective_top_logprobs(requested: int | None, cap: int, sent: int) -> None:
     assert effective_top_logprobs(requested, cap) == sent
+
+
+def test_llama_cpp_ids_keep_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Entries that differ from the Responses shape only by llama.cpp's token ids are cut down
+    to it in their bytes, never decoded one by one."""
+    monkeypatch.setattr("proxy.responses.logprobs._mapped", lambda entry: pytest.fail("took the slow path"))
+    entry = ENTRIES["llama.cpp id"]
+    assert mapped([entry, entry]) == [as_response_logprob(entry)] * 2
