@@ -153,6 +153,17 @@ class Connections(_Section, frozen=True):
     max: Annotated[int, msgspec.Meta(ge=1)] | None = None
 
 
+class Background(_Section, frozen=True):
+    """Background responses (design.md 10)."""
+
+    # A run renews its lease a third of this often; a replica that stops renewing it loses
+    # its runs to another, which marks them failed.
+    lease: Seconds = 10.0
+    max_running: Annotated[int, msgspec.Meta(ge=1)] = 64  # runs at once, all replicas and keys together
+    max_running_per_key: Annotated[int, msgspec.Meta(ge=1)] = 16
+    snapshot_interval: Seconds = 1.0  # how often a run stores the response as it stands
+
+
 class Log(_Section, frozen=True):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -168,6 +179,7 @@ class Config(_Section, frozen=True):
     reasoning: Reasoning = Reasoning()
     store: Store = Store()
     connections: Connections = Connections()
+    background: Background = Background()
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long streams in flight may run before they are cut.
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0

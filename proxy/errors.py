@@ -11,7 +11,7 @@
     │   ├── PayloadTooLarge         413  request_too_large
     │   ├── UnsupportedMediaType    415  unsupported_media_type
     │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
-    │   └── TooManyRequests         429  rate_limit_exceeded       (an upstream's own 429)
+    │   └── TooManyRequests         429  rate_limit_exceeded       too many background runs; an upstream's own 429
     ├── StoreUnavailable            503  store_unavailable         the response store failed a read
     ├── ServerShuttingDown          503  server_shutting_down      draining after SIGTERM: retry elsewhere
     ├── UpstreamBusy                503  upstream_busy             every pooled connection is in use

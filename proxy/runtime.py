@@ -9,6 +9,7 @@ import os
 from collections.abc import Callable
 
 from . import config as config_module
+from .background import BackgroundRuns
 from .config import Config, Target, resolve
 from .errors import ServerShuttingDown
 from .metrics import Metrics
@@ -31,6 +32,7 @@ class Runtime:
         self._secret = config.reasoning.secret()
         self.sealer = self._new_sealer()
         self.store = open_store(config.store, metrics)
+        self.background = None if self.store is None else BackgroundRuns(self.store, config.background)
         self._retiring: dict[UpstreamClient, asyncio.Task[None]] = {}
 
     def target(self, model: str) -> tuple[Target, UpstreamClient] | None:
@@ -80,6 +82,8 @@ class Runtime:
         for client, task in list(self._retiring.items()):
             task.cancel()
             await client.close()
+        if self.background is not None:
+            await self.background.stop(linger=1.0)
         for client in self.clients.values():
             await client.close()
         if self.store is not None:

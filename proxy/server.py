@@ -13,7 +13,7 @@ import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from .api import endpoints, passthrough, responses, stored
+from .api import background, endpoints, passthrough, responses, stored
 from .appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
 from .config import Config, Connections
 from .connections import GuardedSite
@@ -152,6 +152,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_get("/v1/responses/{id}", stored.retrieve)
     app.router.add_delete("/v1/responses/{id}", stored.delete)
     app.router.add_get("/v1/responses/{id}/input_items", stored.input_items)
+    app.router.add_post("/v1/responses/{id}/cancel", background.cancel)
     app.router.add_post("/v1/chat/completions", passthrough.forward)
     app.router.add_post("/v1/completions", passthrough.forward)
     app.router.add_get("/v1/models", endpoints.models)
@@ -194,4 +195,6 @@ async def shut_down(app: web.Application, runner: web.AppRunner, grace: float) -
     if not await runtime.drain(grace):
         log.warning("ending what outlived the grace of %g s", grace)
         runtime.end_exchanges()
+    if runtime.background is not None:
+        await runtime.background.stop(linger=1.0)
     await runner.cleanup()

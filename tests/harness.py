@@ -118,7 +118,9 @@ async def settled(running: Running, upstream: FakeUpstream | None, baseline: set
     deadline = asyncio.get_running_loop().time() + within
     while True:
         fake_runner = upstream._runner if upstream is not None else None
-        extra = asyncio.all_tasks() - baseline - {asyncio.current_task()} - idle_server_tasks(running.runner, fake_runner)
+        background = running.runner.app[RUNTIME].background
+        sweeper = set() if background is None else {background.sweeper}  # the app's own, for its lifetime
+        extra = asyncio.all_tasks() - baseline - {asyncio.current_task()} - idle_server_tasks(running.runner, fake_runner) - sweeper
         broken = [proto for proto in running.pooled() if not proto.is_connected() or proto.should_close]
         streaming = upstream.active_streams if upstream is not None else 0
         if not (running.acquired() or broken or streaming or extra):

@@ -260,7 +260,6 @@ FIELDS = [
     case("user", "user-int", user=5),
     case("service_tier", "service_tier-int", service_tier=1),
     case("previous_response_id", "previous_response_id", previous_response_id="resp_1"),
-    case("background", "background", background=True),
     case("max_tool_calls", "max_tool_calls-negative", max_tool_calls=-1),
     case("prompt", "prompt", prompt={"id": "pmpt_1"}),
     case("conversation", "conversation", conversation="conv_1"),

@@ -293,12 +293,11 @@ async def test_openai_sdk(upstream, sdk):
         (b'["hi"]', None),
         ({**BODY, "include": ["message.output_text.logprobs", "everything"]}, "include[1]"),
         ({**BODY, "previous_response_id": "resp_1"}, "previous_response_id"),
-        ({**BODY, "background": True}, "background"),
         ({**BODY, "top_logprobs": -1}, "top_logprobs"),
         ({**BODY, "top_logprobs": "3"}, "top_logprobs"),
         ({**BODY, "input": []}, "input"),
     ],
-    ids=["malformed", "array", "include", "previous_response_id", "background",
+    ids=["malformed", "array", "include", "previous_response_id",
          "top_logprobs-negative", "top_logprobs-string", "empty-input"],
 )
 async def test_bad_input(upstream, proxy, http, body, param):

@@ -330,3 +330,30 @@ async def test_header_dribblers_lock_no_one_out(upstream, spawn) -> None:
     finally:
         stop.set()
         await asyncio.gather(*dribblers)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_killed_replica_s_background_response_is_failed_by_another(upstream, spawn, tmp_path, redis_server, backend: str) -> None:
+    """design.md 10.4: SIGKILL the replica that runs a background response; the other takes its
+    expired lease over and ends it failed, from its last stored state, after its last event."""
+    store = {"url": f"sqlite:{tmp_path}/shared.db"} if backend == "sqlite" else {"url": redis_server.url, "prefix": "killed:"}
+    config = {"upstreams": [{"name": "default", "urls": [upstream.url]}], "store": store, "background": {"lease": 1.0, "snapshot_interval": 0.1}}
+    runner, other = await spawn(config), await spawn(config)
+    upstream.script(Reply(SLOW, stall_after=4))
+    async with fresh() as http:
+        async with http.post(f"{runner.url}/v1/responses", json={"model": "m", "input": "hi", "background": True}) as response:
+            id = (await response.json())["id"]
+        await eventually(lambda: upstream.active_streams == 1)
+        await asyncio.sleep(0.3)  # a snapshot of the words so far
+        os.killpg(runner.proc.pid, signal.SIGKILL)
+        killed = asyncio.get_running_loop().time()
+        async with http.get(f"{other.url}/v1/responses/{id}?stream=true&starting_after=-1") as response:
+            events = parse_sse(await response.read())
+        assert asyncio.get_running_loop().time() - killed < 3  # a lease and a half, and a read
+        assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        failed = events[-1]["response"]
+        assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+        assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"] == "".join(WORDS[:3])
+        async with http.get(f"{other.url}/v1/responses/{id}") as response:
+            assert (await response.json())["status"] == "failed"

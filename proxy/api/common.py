@@ -10,9 +10,10 @@ from typing import Any
 import orjson
 from aiohttp import hdrs, web
 
-from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
+from ..appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
 from ..config import Target, served_models
 from ..errors import InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout, ServerShuttingDown, UnsupportedMediaType
+from ..store import ResponseStore, StoredResponse
 from ..upstream.client import UpstreamClient
 
 _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
@@ -120,3 +121,22 @@ def find_target(request: web.Request, model: str) -> tuple[Target, UpstreamClien
 
 def upstream_headers(request: web.Request) -> dict[str, str]:
     return {"X-Request-ID": request[REQUEST_ID]}
+
+
+def store_of(request: web.Request) -> ResponseStore:
+    store = request.app[RUNTIME].store
+    if store is None:
+        raise NotFound("This proxy keeps no responses (its config says store: none).")
+    return store
+
+
+async def stored_record(request: web.Request, id: str) -> StoredResponse:
+    """A stored response of the request's key; anyone else's is as unknown (design.md 9.5)."""
+    record = await store_of(request).get(id, request[OWNER])
+    if record is None:
+        raise NotFound(f"No response with id '{id}'.", param="response_id")
+    return record
+
+
+def json_response(data: Any) -> web.Response:
+    return web.Response(body=orjson.dumps(data), content_type="application/json")

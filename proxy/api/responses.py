@@ -20,6 +20,7 @@ from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
 from ..responses.translate import ResponseTranslator, translate_completion
 from ..upstream.client import Exchange
+from . import background
 from .common import find_target, load_json, read_body, upstream_headers
 from .stored import read_history, record_of
 
@@ -51,6 +52,15 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             await store.save(record_of(request, data, past, response))
 
     translator = ResponseTranslator(call, request_id=request[REQUEST_ID], max_event=target.upstream.max_event_bytes)
+    if call.background:
+        return await background.start(
+            request,
+            translator,
+            lambda response: record_of(request, data, past, response),
+            lambda: client.post(CHAT_PATH, call.chat, upstream_headers(request)),
+            stored=stored,
+            stream=call.stream,
+        )
     try:
         async with client.post(CHAT_PATH, call.chat, upstream_headers(request)) as exchange:
             if call.stream:

@@ -15,7 +15,9 @@ from ..errors import InvalidRequest, NotFound
 from ..responses import history
 from ..responses.schema import CreateResponse
 from ..responses.translate import new_id
-from ..store import ResponseStore, StoredResponse
+from ..store import StoredResponse
+from . import background
+from .common import json_response, store_of, stored_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -25,13 +27,6 @@ class History:
     request: CreateResponse  # with its input expanded: the chain's items, then its own
     ancestors: list[str]  # for the record of its response
     referenced: dict[str, dict[str, Any]]
-
-
-def store_of(request: web.Request) -> ResponseStore:
-    store = request.app[RUNTIME].store
-    if store is None:
-        raise NotFound("This proxy keeps no responses (its config says store: none).")
-    return store
 
 
 async def read_history(request: web.Request, parsed: CreateResponse) -> History:
@@ -79,32 +74,32 @@ def _include(request: web.Request) -> list[str]:
     return [*request.query.getall("include[]", ()), *request.query.getall("include", ())]
 
 
-async def _record(request: web.Request) -> StoredResponse:
+async def retrieve(request: web.Request) -> web.StreamResponse:
+    """The response as it stands, or (`stream=true`, a background response) its events past
+    `starting_after`, then the live ones (design.md 10.2)."""
     id = request.match_info["id"]
-    record = await store_of(request).get(id, request[OWNER])
-    if record is None:
-        raise NotFound(f"No response with id '{id}'.", param="response_id")
-    return record
-
-
-def _json(data: Any) -> web.Response:
-    return web.Response(body=orjson.dumps(data), content_type="application/json")
-
-
-async def retrieve(request: web.Request) -> web.Response:
-    record = await _record(request)
-    return _json(history.shown(bytes(record.response), _include(request)))
+    record = await stored_record(request, id)
+    response = await background.current(request, orjson.loads(bytes(record.response)))
+    if request.query.get("stream", "false").lower() != "true":
+        return json_response(history.shown(response, _include(request)))
+    if not response.get("background"):
+        raise InvalidRequest("Only background responses keep their events to stream again.", param="stream")
+    try:
+        after = int(request.query.get("starting_after", "-1"))
+    except ValueError:
+        raise InvalidRequest("'starting_after' must be an event's sequence number.", param="starting_after") from None
+    return await background.follow(request, id, after)
 
 
 async def delete(request: web.Request) -> web.Response:
     id = request.match_info["id"]
     if not await store_of(request).delete(id, request[OWNER]):
         raise NotFound(f"No response with id '{id}'.", param="response_id")
-    return _json({"id": id, "object": "response.deleted", "deleted": True})
+    return json_response({"id": id, "object": "response.deleted", "deleted": True})
 
 
 async def input_items(request: web.Request) -> web.Response:
-    record = await _record(request)
+    record = await stored_record(request, request.match_info["id"])
     query = request.query
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
@@ -116,4 +111,4 @@ async def input_items(request: web.Request) -> web.Response:
     if not 1 <= limit <= 100:
         raise InvalidRequest("'limit' must be an integer from 1 to 100.", param="limit")
     items = orjson.loads(bytes(record.input_items))
-    return _json(history.page(items, order=order, after=query.get("after"), before=query.get("before"), limit=limit))
+    return json_response(history.page(items, order=order, after=query.get("after"), before=query.get("before"), limit=limit))

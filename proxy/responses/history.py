@@ -73,16 +73,15 @@ def stored_input(data_input: Any, referenced: dict[str, dict[str, Any]], new_id:
     return kept
 
 
-def shown(response: bytes, include: list[str]) -> dict[str, Any]:
+def shown(response: dict[str, Any], include: list[str]) -> dict[str, Any]:
     """A stored Response as it is read back: its scores only when `include` asks for them,
     as on the request that made it (design.md 9.3)."""
-    data: dict[str, Any] = orjson.loads(response)
     if INCLUDE_LOGPROBS not in include:
-        for item in data["output"]:
+        for item in response["output"]:
             for part in item.get("content") or ():
                 if part.get("type") == "output_text":
                     part["logprobs"] = []
-    return data
+    return response
 
 
 def page(items: list[dict[str, Any]], *, order: str, after: str | None, before: str | None, limit: int) -> dict[str, Any]:

@@ -69,6 +69,7 @@ class Call:
     echo: dict[str, Any]
     tools: ToolTable = field(default_factory=lambda: ToolTable(()))
     summary: bool = False  # reasoning also goes out as summary events (design.md 8.5)
+    background: bool = False  # runs without its client (design.md 10.1)
     seal: Callable[[str], str] | None = None  # reasoning items carry `encrypted_content`
     # What the request named that the upstream is not sent: `kind:name` each, for logs and metrics.
     ignored: tuple[str, ...] = ()
@@ -90,11 +91,13 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
     table = ToolTable(tools)
     top_logprobs = effective_top_logprobs(request.top_logprobs, settings.max_top_logprobs)
     stream = bool(request.stream)
+    # A background run always reads the upstream as a stream: its events are what it keeps.
+    streamed_upstream = stream or bool(request.background)
     effort = _effort(request.reasoning)
     chat: dict[str, Any] = dict(
         model=settings.model,
         messages=_Conversation(table, settings, ignored).messages(request),
-        stream=stream,
+        stream=streamed_upstream,
         max_completion_tokens=request.max_output_tokens,
         # Older servers only read max_tokens; newer ones prefer max_completion_tokens.
         max_tokens=request.max_output_tokens,
@@ -111,7 +114,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
     )
     if logprobs:
         chat.update(logprobs=True, top_logprobs=top_logprobs)
-    if stream:
+    if streamed_upstream:
         chat["stream_options"] = {"include_usage": True}
     # The route's defaults fill in what the request leaves out.
     chat = {**(settings.defaults or {}), **{key: value for key, value in chat.items() if value is not None}}
@@ -122,6 +125,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         echo=_echo(request, tools, top_logprobs, effort, stored),
         tools=table,
         summary=request.reasoning is not None and request.reasoning.summary is not None,
+        background=bool(request.background),
         seal=settings.sealer.seal if settings.sealer and INCLUDE_ENCRYPTED_REASONING in include else None,
         ignored=tuple(ignored),
     )
@@ -318,7 +322,7 @@ def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort:
         "max_tool_calls": request.max_tool_calls,
         "truncation": request.truncation if request.truncation in _ECHOED_TRUNCATION else "disabled",
         "store": stored,
-        "background": False,
+        "background": bool(request.background),
         "service_tier": "default",
         "metadata": request.metadata or {},
         "user": request.user,

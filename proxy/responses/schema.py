@@ -315,7 +315,6 @@ def _validation_error(text: str) -> InvalidRequest:
 
 def _refuse_unsupported(request: CreateResponse) -> None:
     for param, value in (
-        ("background", request.background or None),
         ("prompt", request.prompt),
         ("conversation", request.conversation),
     ):

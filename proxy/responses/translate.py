@@ -111,11 +111,24 @@ class ResponseTranslator:
         """Whether a generated token has been translated yet."""
         return self._generating is not None
 
+    @property
+    def sequence(self) -> int:
+        """The sequence number the next event gets."""
+        return self._sequence
+
+    def progress(self) -> dict[str, Any]:
+        """The response as it stands, its open items with what they hold so far: what a
+        background response shows while it runs (design.md 10.2)."""
+        response = self._snapshot("in_progress" if self._sequence else "queued")
+        response["output"] = [self._as_it_stands(item) for item in self._output]
+        return response
+
     # -- the driving interface -------------------------------------------------------------
 
     def start(self) -> bytes:
         snapshot = self._snapshot("in_progress")
-        self._emit("response.created", response=snapshot)
+        # A background response is queued until the upstream answers (design.md 10.1).
+        self._emit("response.created", response={**snapshot, "status": "queued"} if self._call.background else snapshot)
         self._emit("response.in_progress", response=snapshot)
         return self._flush()
 
@@ -151,6 +164,14 @@ class ResponseTranslator:
             self._fail(error)
         else:
             self._end()  # a frame cut short by the break is left unread: usage or [DONE]
+        return self._flush()
+
+    def cancel(self) -> bytes:
+        """The client cancelled a background response (design.md 10.3): what was open closes
+        `incomplete`, and the response ends `cancelled`, with no error."""
+        if not self.done:
+            self._close_all(None, "incomplete")
+            self._terminate("response.failed", "cancelled")
         return self._flush()
 
     def complete(self, body: bytes) -> None:
@@ -399,6 +420,17 @@ class ResponseTranslator:
             "usage": None,
             **self._call.echo,
         }
+
+    def _as_it_stands(self, item: dict[str, Any]) -> dict[str, Any]:
+        message, current = self._message, self._current
+        if message is not None and item is message.item and item["status"] == "in_progress":
+            return {**item, "content": [self._text_part("".join(message.parts), list(self._scores))]}
+        if current is not None and item is current.item:
+            text = "".join(current.parts)
+            if item["type"] == "reasoning":
+                return {**item, "content": [{"type": "reasoning_text", "text": text}]}
+            return {**item, "input" if item["type"] == "custom_tool_call" else "arguments": text}
+        return item
 
     def _usage_object(self) -> dict[str, Any] | None:
         usage = self._usage

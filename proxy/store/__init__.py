@@ -78,6 +78,47 @@ class Backend(Protocol):
 
     async def close(self) -> None: ...
 
+    # Background responses (design.md 10): their events, and who runs them.
+
+    async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
+        """Add a response's events, by sequence number (a background response's log)."""
+        ...
+
+    async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
+        """The events past sequence number `after`, waiting up to `wait` seconds for one."""
+        ...
+
+    async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
+        """`holder` runs the response, for `lease` seconds unless renewed."""
+        ...
+
+    async def renew(self, id: str, holder: str, lease: float) -> Renewal: ...
+
+    async def release(self, id: str) -> None:
+        """The run ended: its response is final."""
+        ...
+
+    async def cancel(self, id: str) -> bool:
+        """Ask the run to stop; whether one is running."""
+        ...
+
+    async def running(self, owner: str) -> tuple[int, int]:
+        """How many runs hold a live lease: in all, and `owner`'s."""
+        ...
+
+    async def take(self, id: str, holder: str, lease: float) -> bool:
+        """Take over a run whose lease expired; whether `holder` now holds it."""
+        ...
+
+    async def expired(self) -> list[tuple[str, str]]:
+        """The runs whose lease expired: (response id, owner)."""
+        ...
+
+
+class Renewal(msgspec.Struct, frozen=True):
+    held: bool  # the lease is still the holder's
+    cancel: bool  # a client asked the run to stop
+
 
 class ResponseStore:
     def __init__(self, backend: Backend, timeout: float, on_error: Callable[[str], None]) -> None:
@@ -90,11 +131,14 @@ class ResponseStore:
     def health(self) -> dict[str, Any]:
         return {"ok": self.failing_since is None, "failing_since": self.failing_since, "error": self.last_error or None}
 
+    async def put(self, record: StoredResponse) -> None:
+        await self._guard("put", self.backend.put(record))
+
     async def save(self, record: StoredResponse) -> bool:
         """Keep a response; a failure is logged and counted, never raised: the answer it
         belongs to goes out all the same."""
         try:
-            await self._guard("put", self.backend.put(record))
+            await self.put(record)
         except StoreUnavailable as error:
             log.error("response %s was not stored: %s", record.id, error.message)
             return False
@@ -115,9 +159,36 @@ class ResponseStore:
     async def close(self) -> None:
         await self.backend.close()
 
-    async def _guard(self, operation: str, call: Awaitable[T]) -> T:
+    async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
+        await self._guard("append", self.backend.append(id, events))
+
+    async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
+        return await self._guard("events", self.backend.events(id, after, wait), wait)
+
+    async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
+        await self._guard("claim", self.backend.claim(id, owner, holder, lease))
+
+    async def renew(self, id: str, holder: str, lease: float) -> Renewal:
+        return await self._guard("renew", self.backend.renew(id, holder, lease))
+
+    async def release(self, id: str) -> None:
+        await self._guard("release", self.backend.release(id))
+
+    async def cancel(self, id: str) -> bool:
+        return await self._guard("cancel", self.backend.cancel(id))
+
+    async def running(self, owner: str) -> tuple[int, int]:
+        return await self._guard("running", self.backend.running(owner))
+
+    async def take(self, id: str, holder: str, lease: float) -> bool:
+        return await self._guard("take", self.backend.take(id, holder, lease))
+
+    async def expired(self) -> list[tuple[str, str]]:
+        return await self._guard("expired", self.backend.expired())
+
+    async def _guard(self, operation: str, call: Awaitable[T], waiting: float = 0.0) -> T:
         try:
-            async with asyncio.timeout(self._timeout):
+            async with asyncio.timeout(self._timeout + waiting):
                 result = await call
         except Exception as exc:  # whatever broke (connection, disk, timeout), the store is failing
             self._on_error(operation)

@@ -4,15 +4,35 @@ response ids by age bounds how many are kept."""
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
 import msgspec
 from redis.asyncio import Redis
 
-from . import StoredResponse, decode_record, encode_record, record_items
+from . import Renewal, StoredResponse, decode_record, encode_record, record_items
 
 # The surplus past the size bound goes in one trim every this many writes.
 _TRIM_EVERY = 64
+# A run's lease lives in a sorted set (score: when it ends) and its holder and cancel flag in a
+# hash; renewing and taking over must read and write them in one step.
+_RENEW = """
+local held = 0
+if redis.call('HGET', KEYS[2], 'holder') == ARGV[2] then
+  redis.call('ZADD', KEYS[1], 'XX', ARGV[3], ARGV[1])
+  held = 1
+end
+return {held, redis.call('HGET', KEYS[2], 'cancel') == '1' and 1 or 0}
+"""
+_TAKE = """
+local lease_end = redis.call('ZSCORE', KEYS[1], ARGV[1])
+if lease_end and tonumber(lease_end) < tonumber(ARGV[2]) then
+  redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+  redis.call('HSET', KEYS[2], 'holder', ARGV[4])
+  return 1
+end
+return 0
+"""
 
 
 class _ItemEntry(msgspec.Struct):
@@ -20,6 +40,7 @@ class _ItemEntry(msgspec.Struct):
     item: msgspec.Raw
 
 
+_Entries = list[tuple[bytes, dict[bytes, bytes]]]  # a stream's entries: (id, fields)
 _encode_entry = msgspec.json.Encoder().encode
 _decode_entry = msgspec.json.Decoder(_ItemEntry).decode
 
@@ -27,6 +48,10 @@ _decode_entry = msgspec.json.Decoder(_ItemEntry).decode
 class RedisBackend:
     def __init__(self, url: str, prefix: str, ttl: float, max_responses: int, timeout: float) -> None:
         self._redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
+        # Readers that wait for a background response's next event block longer than any call.
+        self._waiting = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout)
+        self._renew = self._redis.register_script(_RENEW)
+        self._take = self._redis.register_script(_TAKE)
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
@@ -41,6 +66,16 @@ class RedisBackend:
     @property
     def _index(self) -> str:
         return f"{self._prefix}responses"
+
+    @property
+    def _runs(self) -> str:
+        return f"{self._prefix}runs"
+
+    def _events_key(self, id: str) -> str:
+        return f"{self._prefix}events:{id}"
+
+    def _run_key(self, id: str) -> str:
+        return f"{self._prefix}run:{id}"
 
     async def put(self, record: StoredResponse) -> None:
         async with self._redis.pipeline(transaction=True) as pipe:  # kept whole or not at all
@@ -87,5 +122,68 @@ class RedisBackend:
         await self._redis.zrem(self._index, id)
         return True
 
+    async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
+        key = self._events_key(id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            for seq, event in events:
+                pipe.xadd(key, {"e": event}, id=_stream_id(seq))  # the stream's ids are the sequence numbers
+            pipe.expire(key, self._ttl)
+            await pipe.execute()
+
+    async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
+        key = self._events_key(id)
+        if wait <= 0:
+            entries = cast(_Entries, await self._redis.xrange(key, min=f"({_stream_id(after)}"))
+        else:
+            found = cast("list[tuple[bytes, _Entries]]", await self._waiting.xread({key: _stream_id(after)}, block=max(1, round(wait * 1000))))
+            entries = found[0][1] if found else []
+        return [(int(entry_id.decode().split("-")[1]) - 1, fields[b"e"]) for entry_id, fields in entries]
+
+    async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.hset(self._run_key(id), mapping={"owner": owner, "holder": holder, "cancel": "0"})
+            pipe.expire(self._run_key(id), self._ttl)
+            pipe.zadd(self._runs, {id: time.time() + lease})
+            await pipe.execute()
+
+    async def renew(self, id: str, holder: str, lease: float) -> Renewal:
+        held, cancel = await self._renew(keys=[self._runs, self._run_key(id)], args=[id, holder, time.time() + lease])
+        return Renewal(held=bool(held), cancel=bool(cancel))
+
+    async def release(self, id: str) -> None:
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._run_key(id))
+            pipe.zrem(self._runs, id)
+            await pipe.execute()
+
+    async def cancel(self, id: str) -> bool:
+        if not await self._redis.exists(self._run_key(id)):
+            return False
+        await self._redis.hset(self._run_key(id), "cancel", "1")
+        return True
+
+    async def running(self, owner: str) -> tuple[int, int]:
+        ids = cast("list[bytes]", await self._redis.zrangebyscore(self._runs, time.time(), "+inf"))
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for id in ids:
+                pipe.hget(self._run_key(id.decode()), "owner")
+            owners = await pipe.execute()
+        return len(ids), sum(found == owner.encode() for found in owners)
+
+    async def take(self, id: str, holder: str, lease: float) -> bool:
+        now = time.time()
+        return bool(await self._take(keys=[self._runs, self._run_key(id)], args=[id, now, now + lease, holder]))
+
+    async def expired(self) -> list[tuple[str, str]]:
+        ids = [id.decode() for id in cast("list[bytes]", await self._redis.zrangebyscore(self._runs, "-inf", f"({time.time()}"))]
+        owners = [await self._redis.hget(self._run_key(id), "owner") for id in ids]
+        return [(id, owner.decode()) for id, owner in zip(ids, owners, strict=True) if isinstance(owner, bytes)]
+
     async def close(self) -> None:
         await self._redis.aclose()
+        await self._waiting.aclose()
+
+
+def _stream_id(seq: int) -> str:
+    """A Redis stream id for sequence number `seq`: "0-1" for 0, since "0-0" is not allowed."""
+    return f"0-{seq + 1}"

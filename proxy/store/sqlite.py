@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from . import StoredResponse, decode_record, encode_record, record_items
+from . import Renewal, StoredResponse, decode_record, encode_record, record_items
 
 T = TypeVar("T")
 # Expired and surplus rows go in one sweep every this many writes, not on each one.
@@ -27,7 +27,18 @@ CREATE TABLE IF NOT EXISTS items (
     PRIMARY KEY (owner, id)
 );
 CREATE INDEX IF NOT EXISTS items_by_response ON items (response_id);
+CREATE TABLE IF NOT EXISTS events (
+    response_id TEXT NOT NULL, seq INTEGER NOT NULL, expires_at REAL NOT NULL, event BLOB NOT NULL,
+    PRIMARY KEY (response_id, seq)
+);
+CREATE TABLE IF NOT EXISTS runs (
+    response_id TEXT PRIMARY KEY, owner TEXT NOT NULL, holder TEXT NOT NULL, lease_until REAL NOT NULL,
+    cancel INTEGER NOT NULL DEFAULT 0
+);
 """
+# Readers of a background response's events look this often for new ones: SQLite has no way to
+# wake a reader in another process.
+_POLL = 0.05
 
 
 class SQLiteBackend:
@@ -54,6 +65,40 @@ class SQLiteBackend:
     async def close(self) -> None:
         await self._run(self._close)
         self._thread.shutdown()
+
+    async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
+        await self._run(self._append, id, events)
+
+    async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
+        deadline = time.monotonic() + wait
+        while True:
+            found = await self._run(self._events, id, after)
+            if found or time.monotonic() >= deadline:
+                return found
+            await asyncio.sleep(_POLL)
+
+    async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
+        await self._run(self._write, "INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)", (id, owner, holder, time.time() + lease))
+
+    async def renew(self, id: str, holder: str, lease: float) -> Renewal:
+        return await self._run(self._renew, id, holder, lease)
+
+    async def release(self, id: str) -> None:
+        await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
+
+    async def cancel(self, id: str) -> bool:
+        return await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,)) > 0
+
+    async def running(self, owner: str) -> tuple[int, int]:
+        return await self._run(self._running, owner)
+
+    async def take(self, id: str, holder: str, lease: float) -> bool:
+        now = time.time()
+        statement = "UPDATE runs SET holder = ?, lease_until = ? WHERE response_id = ? AND lease_until < ?"
+        return await self._run(self._write, statement, (holder, now + lease, id, now)) > 0
+
+    async def expired(self) -> list[tuple[str, str]]:
+        return await self._run(self._expired)
 
     async def _run(self, work: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, work, *args)
@@ -97,6 +142,7 @@ class SQLiteBackend:
                 "DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (self._max,)
             )
             db.execute("DELETE FROM items WHERE expires_at < ? OR response_id NOT IN (SELECT id FROM responses)", (now,))
+            db.execute("DELETE FROM events WHERE expires_at < ?", (now,))
 
     def _get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         marks = ",".join("?" * len(ids))
@@ -118,8 +164,40 @@ class SQLiteBackend:
         with db:
             db.execute("BEGIN IMMEDIATE")
             deleted = db.execute("DELETE FROM responses WHERE id = ? AND owner = ?", (id, owner)).rowcount
-            db.execute("DELETE FROM items WHERE response_id = ?", (id,))
+            if deleted:
+                db.execute("DELETE FROM items WHERE response_id = ?", (id,))
+                db.execute("DELETE FROM events WHERE response_id = ?", (id,))
         return deleted > 0
+
+    def _write(self, statement: str, values: tuple[object, ...]) -> int:
+        db = self._connection()
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            return db.execute(statement, values).rowcount
+
+    def _append(self, id: str, events: list[tuple[int, bytes]]) -> None:
+        db = self._connection()
+        expires = time.time() + self._ttl
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            db.executemany("INSERT OR REPLACE INTO events (response_id, seq, expires_at, event) VALUES (?, ?, ?, ?)", [(id, seq, expires, event) for seq, event in events])
+
+    def _events(self, id: str, after: int) -> list[tuple[int, bytes]]:
+        rows = self._connection().execute("SELECT seq, event FROM events WHERE response_id = ? AND seq > ? ORDER BY seq", (id, after))
+        return [(seq, bytes(event)) for seq, event in rows]
+
+    def _renew(self, id: str, holder: str, lease: float) -> Renewal:
+        held = self._write("UPDATE runs SET lease_until = ? WHERE response_id = ? AND holder = ?", (time.time() + lease, id, holder)) > 0
+        row = self._connection().execute("SELECT cancel FROM runs WHERE response_id = ?", (id,)).fetchone()
+        return Renewal(held=held, cancel=bool(row and row[0]))
+
+    def _running(self, owner: str) -> tuple[int, int]:
+        rows = self._connection().execute("SELECT COUNT(*), COALESCE(SUM(owner = ?), 0) FROM runs WHERE lease_until >= ?", (owner, time.time()))
+        total, mine = rows.fetchone()
+        return int(total), int(mine)
+
+    def _expired(self) -> list[tuple[str, str]]:
+        return list(self._connection().execute("SELECT response_id, owner FROM runs WHERE lease_until < ?", (time.time(),)))
 
     def _close(self) -> None:
         if self._db is not None:

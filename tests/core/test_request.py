@@ -369,7 +369,6 @@ def test_route_without_logprob_support_serves_plain_requests():
         pytest.param(b'{"model": "m"}', "input", id="no-input"),
         pytest.param({"include": ["message.output_text.logprob"]}, "include[0]", id="include-typo"),
         pytest.param({"include": [*LOGPROBS, "output_text.logprobs"]}, "include[1]", id="include-unknown-second"),
-        pytest.param({"background": True}, "background", id="background"),
         *(
             pytest.param({"top_logprobs": value}, "top_logprobs", id=f"top_logprobs-{value!r}")
             for value in (-1, 1.5, "3", True)

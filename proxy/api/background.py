@@ -1,0 +1,90 @@
+"""Background responses over HTTP (design.md 10): starting one, following its events from any
+point, cancelling it."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import orjson
+from aiohttp import web
+
+from ..appkeys import OWNER, RUNTIME
+from ..background import BackgroundRuns, Post, Record, is_terminal
+from ..errors import InvalidRequest
+from ..responses.translate import ResponseTranslator
+from .common import json_response, stored_record
+
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE = b": keepalive\n\n"
+_FINAL = ("completed", "failed", "incomplete", "cancelled")
+
+
+def runs_of(request: web.Request) -> BackgroundRuns:
+    runs = request.app[RUNTIME].background
+    if runs is None:
+        raise InvalidRequest("A background response needs a store, and this proxy keeps none (store: none).", param="background")
+    return runs
+
+
+async def start(request: web.Request, translator: ResponseTranslator, record: Record, post: Post, *, stored: bool, stream: bool) -> web.StreamResponse:
+    runs = runs_of(request)
+    if not stored:
+        raise InvalidRequest("A background response is stored: it cannot have store: false.", param="store")
+    await runs.admit(request[OWNER])
+    queued = await runs.start(translator, record, request[OWNER], post)
+    return await follow(request, queued["id"], -1) if stream else json_response(queued)
+
+
+async def follow(request: web.Request, id: str, after: int) -> web.StreamResponse:
+    """The response's events past sequence number `after`, as they were first written, then
+    the live ones to its end: from any replica (design.md 10.2)."""
+    runtime = request.app[RUNTIME]
+    runs, store = runs_of(request), runtime.store
+    assert store is not None
+    wait = runtime.config.keepalive or 15.0
+    response = web.StreamResponse(headers=SSE_HEADERS)
+    await response.prepare(request)
+    while True:
+        events = await store.events(id, after, wait)
+        if not events:
+            await response.write(KEEPALIVE)
+            await runs.end_if_lost(id, request[OWNER])  # its holder may have died meanwhile
+            continue
+        after = events[-1][0]
+        await response.write(b"".join(event + b"\n\n" for _, event in events))
+        if is_terminal(events[-1][1]):
+            await response.write(b"data: [DONE]\n\n")
+            await response.write_eof()
+            return response
+
+
+async def current(request: web.Request, response: dict[str, Any]) -> dict[str, Any]:
+    """A background response as it stands: if its run was lost, ended first."""
+    if response.get("background") and response["status"] not in _FINAL:
+        await runs_of(request).end_if_lost(response["id"], request[OWNER])
+        return await _reread(request, response["id"])
+    return response
+
+
+async def cancel(request: web.Request) -> web.Response:
+    """POST /v1/responses/{id}/cancel, as OpenAI answers it: a synchronous or finished
+    response cannot be; a cancelled one is answered again (design.md 10.3)."""
+    response = await current(request, await _reread(request, request.match_info["id"]))
+    status = response["status"]
+    if not response.get("background"):
+        raise InvalidRequest("Cannot cancel a synchronous response.", param="response_id")
+    if status in ("completed", "failed", "incomplete"):
+        raise InvalidRequest(f"Cannot cancel a response that is already {status}.", param="response_id")
+    if status != "cancelled":
+        await runs_of(request).cancel(response["id"])
+        # The run ends itself, at once here, within a third of a lease on another replica.
+        deadline = asyncio.get_running_loop().time() + request.app[RUNTIME].config.background.lease
+        while response["status"] not in _FINAL and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.05)
+            response = await _reread(request, response["id"])
+    return json_response(response)
+
+
+async def _reread(request: web.Request, id: str) -> dict[str, Any]:
+    return dict(orjson.loads(bytes((await stored_record(request, id)).response)))

@@ -1,0 +1,214 @@
+"""Background responses (design.md 10): generations that run on without a client.
+
+A run's translator writes to the store instead of a socket: every event under its sequence
+number, so that any replica can replay a response from any point and follow it to its end,
+byte for byte as it was first made. A run holds a lease in the store and renews it; a replica
+that finds a lease expired (its holder died) takes the run over and ends it `failed`. A cancel
+is a flag in the store, which the run sees at its next renewal.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import msgspec
+import orjson
+
+from .config import Background
+from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
+from .responses.translate import ResponseTranslator
+from .store import ResponseStore, StoredResponse
+from .upstream.client import Exchange
+
+log = logging.getLogger("proxy.background")
+
+_TERMINAL = (b"event: response.completed\n", b"event: response.incomplete\n", b"event: response.failed\n")
+_DONE = b"data: [DONE]"
+Record = Callable[[dict[str, Any]], StoredResponse]  # a Response as the record it is kept as
+Post = Callable[[], AbstractAsyncContextManager[Exchange]]  # the upstream request, sent when entered
+
+
+def is_terminal(event: bytes) -> bool:
+    return event.startswith(_TERMINAL)
+
+
+class BackgroundRuns:
+    """This process's runs, and its share of watching every replica's leases."""
+
+    def __init__(self, store: ResponseStore, settings: Background) -> None:
+        self._store = store
+        self._settings = settings
+        # Named in the log of a run taken over from a holder that died.
+        self.holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
+        self._runs: dict[str, asyncio.Task[None]] = {}
+        self._stopping = False
+        self.sweeper = asyncio.create_task(self._sweep())  # lives as long as the process
+
+    async def admit(self, owner: str) -> None:
+        """Refuse a run past the caps: in all, and for this key (design.md 10.5)."""
+        total, mine = await self._store.running(owner)
+        limits = self._settings
+        if total >= limits.max_running or mine >= limits.max_running_per_key:
+            raise TooManyRequests(
+                f"{mine} background responses of this key and {total} in all are running (limits: "
+                f"{limits.max_running_per_key} a key, {limits.max_running} in all); wait for one to end."
+            )
+
+    async def start(self, translator: ResponseTranslator, record: Record, owner: str, post: Post) -> dict[str, Any]:
+        """Keep the queued response, take its lease, run it; the queued response."""
+        queued = translator.progress()
+        await self._store.put(record(queued))
+        await self._store.claim(queued["id"], owner, self.holder, self._settings.lease)
+        id = queued["id"]
+        self._runs[id] = asyncio.create_task(self._run(translator, record, post))
+        self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
+        return queued
+
+    async def cancel(self, id: str) -> None:
+        """Ask the run to stop: at once when it runs here, at its next renewal elsewhere."""
+        await self._store.cancel(id)
+        run = self._runs.get(id)
+        if run is not None:
+            run.cancel()
+
+    async def stop(self, linger: float) -> None:
+        """SIGTERM, after the drain (whose end failed the runs that outlived it): the runs
+        still waiting for an upstream end failed too, within `linger` seconds."""
+        self._stopping = True
+        self.sweeper.cancel()
+        for task in self._runs.values():
+            task.cancel()
+        if self._runs:
+            await asyncio.wait(self._runs.values(), timeout=linger)
+
+    async def _run(self, translator: ResponseTranslator, record: Record, post: Post) -> None:
+        id = translator.progress()["id"]
+        events = _EventLog(self._store, id, translator, record, self._settings.snapshot_interval)
+        run = asyncio.current_task()
+        assert run is not None
+        keeper = asyncio.create_task(self._keep_lease(id, run))
+        try:
+            await events.write(translator.start())
+            async with post() as exchange:
+                while not translator.done:
+                    try:
+                        data = await exchange.read_chunk()
+                    except ProxyError as error:
+                        await events.write(translator.fail(error))
+                        break
+                    await events.write(translator.feed(data) if data else translator.finish())
+        except ProxyError as error:  # the upstream refused, or could not be reached
+            await events.write(translator.fail(error))
+        except asyncio.CancelledError:
+            # Leaving the upstream request stopped the generation; what it made is kept.
+            stopped = ServerShuttingDown("The proxy stopped before the response ended.")
+            await events.write(translator.fail(stopped) if self._stopping else translator.cancel())
+        finally:
+            keeper.cancel()
+            with contextlib.suppress(StoreUnavailable):
+                await self._store.release(id)
+
+    async def _keep_lease(self, id: str, run: asyncio.Task[None]) -> None:
+        """Renew the lease; stop the run when a client cancels it or the lease went to
+        another replica (this one was taken for dead)."""
+        while True:
+            await asyncio.sleep(self._settings.lease / 3)
+            try:
+                renewal = await self._store.renew(id, self.holder, self._settings.lease)
+            except StoreUnavailable:
+                continue  # the store logs it; the lease may yet be renewed in time
+            if renewal.cancel or not renewal.held:
+                run.cancel()
+                return
+
+    async def _sweep(self) -> None:
+        """Every half lease, end the runs whose holder stopped renewing (design.md 10.4)."""
+        while True:
+            await asyncio.sleep(self._settings.lease / 2)
+            with contextlib.suppress(StoreUnavailable):
+                for id, owner in await self._store.expired():
+                    await self.end_if_lost(id, owner)
+
+    async def end_if_lost(self, id: str, owner: str) -> None:
+        """If the run's lease expired, take it over and end it failed."""
+        if not await self._store.take(id, self.holder, self._settings.lease):
+            return
+        try:
+            kept = await self._store.get(id, owner)
+            made = await self._store.events(id, -1, 0)
+            if kept is not None and not (made and is_terminal(made[-1][1])):
+                await self._fail_lost(kept, made[-1][0] if made else -1)
+        finally:
+            await self._store.release(id)
+
+    async def _fail_lost(self, kept: StoredResponse, last: int) -> None:
+        """End a run whose holder died: from its last kept state, after its last event."""
+        response = orjson.loads(bytes(kept.response))
+        for item in response["output"]:
+            if item.get("status") == "in_progress":
+                item["status"] = "incomplete"
+        message = "The worker running this response stopped before it ended."
+        response.update(status="failed", error={"code": "server_error", "message": message})
+        ending = [
+            {"type": "error", "code": "server_error", "message": message, "param": None, "sequence_number": last + 1},
+            {"type": "response.failed", "response": response, "sequence_number": last + 2},
+        ]
+        await self._store.put(msgspec.structs.replace(kept, response=msgspec.Raw(orjson.dumps(response))))
+        await self._store.append(kept.id, [(event["sequence_number"], _encoded(event)) for event in ending])
+        log.warning("response %s: its worker stopped renewing its lease; %s ended it failed", kept.id, self.holder)
+
+
+def _encoded(event: dict[str, Any]) -> bytes:
+    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event)
+
+
+class _EventLog:
+    """A run's output into the store: its events one by one, under their sequence numbers, and
+    the response as it stands at most every `interval` seconds. The final response is kept
+    before the terminal event, so that whoever sees that event reads it final. Events the store
+    could not take wait for the next write: a store that comes back gets them all, in order."""
+
+    def __init__(self, store: ResponseStore, id: str, translator: ResponseTranslator, record: Record, interval: float) -> None:
+        self._store = store
+        self._id = id
+        self._translator = translator
+        self._record = record
+        self._interval = interval
+        self._loop = asyncio.get_running_loop()
+        self._snapshot_at = self._loop.time()
+        self._snapshot: asyncio.Task[None] | None = None  # one due later, for what came since
+        self._waiting: list[tuple[int, bytes]] = []
+
+    async def write(self, data: bytes) -> None:
+        events = [event for event in data.split(b"\n\n") if event and event != _DONE]
+        if not events:
+            return
+        first = self._translator.sequence - len(events)
+        self._waiting += [(first + i, event) for i, event in enumerate(events)]
+        final = self._translator.response
+        if final is not None:
+            if self._snapshot is not None:
+                self._snapshot.cancel()
+            await self._store.save(self._record(final))
+        elif self._snapshot is None or self._snapshot.done():
+            self._snapshot = asyncio.create_task(self._save_progress())
+        try:
+            await self._store.append(self._id, self._waiting)
+        except StoreUnavailable:
+            return
+        self._waiting = []
+
+    async def _save_progress(self) -> None:
+        """The response as it stands, kept no sooner than `interval` after the last time: a
+        run that goes quiet still leaves its latest state (10.4 ends it from there)."""
+        await asyncio.sleep(self._snapshot_at + self._interval - self._loop.time())
+        self._snapshot_at = self._loop.time()
+        await self._store.save(self._record(self._translator.progress()))

@@ -1,0 +1,184 @@
+"""Background responses (design.md 10) on both store backends: polling to the end, a stream
+cut and resumed on another replica, cancel, the caps, and the openai SDK's calls. (A replica
+killed mid-run: tests/test_process.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import random
+from typing import Any
+
+import aiohttp
+import openai
+import orjson
+import pytest
+
+from proxy.config import parse
+from tests.client import LOGPROBS, envelope, parse_sse, read_events, validate_response
+from tests.events import sent_scores
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
+from tests.harness import BODY, post
+
+WORDS = [f"w{i} " for i in range(30)]
+
+
+def slow_text(n: int = 30) -> Generation:
+    return Generation([*(Step("text", w, [score(w)]) for w in WORDS[:n]), Step("finish", finish_reason="stop", scores=[score("<eos>")])])
+
+
+def replica_config(upstream: FakeUpstream, store: dict[str, Any], **top: Any) -> Any:
+    return parse({"upstreams": [{"name": "default", "urls": [upstream.url]}], "store": store, **top})
+
+
+@pytest.fixture
+async def replicas(upstream: FakeUpstream, start_proxy, store: dict[str, Any]) -> tuple[str, str]:
+    """Two proxies over one store (one SQLite file, or one Redis): two replicas."""
+    config = replica_config(upstream, store, background={"lease": 1.0, "snapshot_interval": 0.05})
+    return await start_proxy(config), await start_proxy(config)
+
+
+async def get(http: aiohttp.ClientSession, url: str, id: str) -> dict[str, Any]:
+    async with http.get(f"{url}/v1/responses/{id}?include[]=message.output_text.logprobs") as response:
+        assert response.status == 200, await response.text()
+        return dict(await response.json())
+
+
+async def until_done(http: aiohttp.ClientSession, url: str, id: str, timeout: float = 10) -> dict[str, Any]:
+    async with asyncio.timeout(timeout):
+        while (response := await get(http, url, id))["status"] in ("queued", "in_progress"):
+            await asyncio.sleep(0.05)
+    return response
+
+
+async def replay(http: aiohttp.ClientSession, url: str, id: str, after: int = -1) -> bytes:
+    async with http.get(f"{url}/v1/responses/{id}?stream=true&starting_after={after}") as response:
+        assert response.status == 200, await response.text()
+        return await response.read()
+
+
+async def test_queued_at_once_then_polled_to_the_end(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession) -> None:
+    one, other = replicas
+    gen = slow_text()
+    upstream.script(Reply(gen, delay=0.02))
+    status, _, raw = await post(http, one, {**BODY, "include": LOGPROBS, "background": True})
+    queued = orjson.loads(raw)
+    assert status == 200 and (queued["status"], queued["background"], queued["output"]) == ("queued", True, [])
+    validate_response(queued)
+    seen = set()
+    async with asyncio.timeout(10):
+        while (now := await get(http, other, queued["id"]))["status"] != "completed":
+            seen.add(now["status"])
+            if now["output"]:  # as it stands: the text so far and its scores so far
+                part = now["output"][0]["content"][0]
+                assert "".join(WORDS).startswith(part["text"]) and len(part["logprobs"]) == len(part["text"].split())
+            await asyncio.sleep(0.05)
+    assert "in_progress" in seen
+    validate_response(now)
+    assert now["output"][0]["content"][0]["text"] == "".join(WORDS)
+    assert now["output"][0]["content"][0]["logprobs"] == sent_scores(gen.chunks())
+    assert now["usage"]["output_tokens"] == gen.usage()["completion_tokens"]
+
+
+async def test_a_cut_stream_resumes_on_the_other_replica_event_for_event(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession) -> None:
+    one, other = replicas
+    gen = slow_text()
+    upstream.script(Reply(gen, delay=0.02))
+    cut_at = random.randrange(3, 25)
+    seen: list[dict[str, Any]] = []
+    async with http.post(f"{one}/v1/responses", json={**BODY, "include": LOGPROBS, "background": True, "stream": True}) as response:
+        async for event in read_events(response):
+            seen.append(event)
+            if event["sequence_number"] == cut_at:
+                break
+        response.close()
+    assert upstream.disconnects == 0  # the client left; the generation goes on
+    id = seen[0]["response"]["id"]
+    resumed = await replay(http, other, id, after=cut_at)  # the rest, followed to the end
+    whole = await replay(http, one, id)  # the log from its start, once it ended
+    assert seen + parse_sse(resumed) == parse_sse(whole)  # every event once, in order
+    assert whole.endswith(resumed)  # byte for byte what was first written
+    final = parse_sse(whole)[-1]["response"]
+    assert final["status"] == "completed" and final["output"][0]["content"][0]["logprobs"] == sent_scores(gen.chunks())
+
+
+async def test_cancel_from_the_other_replica(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession) -> None:
+    one, other = replicas
+    upstream.script(Reply(slow_text(), stall_after=6))
+    _, _, raw = await post(http, one, {**BODY, "include": LOGPROBS, "background": True})
+    id = orjson.loads(raw)["id"]
+    await asyncio.wait_for(_until(lambda: upstream.active_streams == 1), 5)
+    async with http.post(f"{other}/v1/responses/{id}/cancel") as response:
+        assert response.status == 200, await response.text()
+        cancelled = await response.json()
+    assert cancelled["status"] == "cancelled"
+    validate_response(cancelled)
+    await asyncio.wait_for(upstream.disconnected.wait(), 3)  # the generation stopped
+    message = cancelled["output"][0]
+    assert message["status"] == "incomplete" and message["content"][0]["text"] == "".join(WORDS[:5])  # the role chunk, then five words
+    events = parse_sse(await replay(http, other, id))
+    assert events[-1]["type"] == "response.failed" and events[-1]["response"]["status"] == "cancelled"
+    # Again: the same answer. Finished or synchronous: refused, as OpenAI does.
+    async with http.post(f"{one}/v1/responses/{id}/cancel") as response:
+        assert response.status == 200 and (await response.json())["status"] == "cancelled"
+    upstream.script(Reply(slow_text(3)))
+    for body in ({**BODY, "background": True}, BODY):
+        _, _, raw = await post(http, one, body)
+        done = await until_done(http, one, orjson.loads(raw)["id"])
+        async with http.post(f"{one}/v1/responses/{done['id']}/cancel") as response:
+            assert response.status == 400
+            message = envelope(await response.json())["message"]
+            assert message == ("Cannot cancel a response that is already completed." if done["background"] else "Cannot cancel a synchronous response.")
+
+
+async def _until(check: Any) -> None:
+    while not check():
+        await asyncio.sleep(0.01)
+
+
+async def test_caps_on_running_responses(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
+    url = await start_proxy(replica_config(upstream, store, background={"max_running": 3, "max_running_per_key": 2}))
+    upstream.script(Reply(slow_text(), stall_after=3))
+    ids = []
+    for _ in range(2):
+        status, _, raw = await post(http, url, {**BODY, "background": True})
+        assert status == 200
+        ids.append(orjson.loads(raw)["id"])
+    status, _, raw = await post(http, url, {**BODY, "background": True})
+    assert status == 429 and envelope(orjson.loads(raw), "rate_limit_exceeded")
+    async with http.post(f"{url}/v1/responses/{ids[0]}/cancel") as response:
+        assert response.status == 200
+    status, _, _ = await post(http, url, {**BODY, "background": True})
+    assert status == 200  # a place came free
+
+
+async def test_background_needs_a_store_and_stores(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
+    without = await start_proxy(replica_config(upstream, {"url": "none"}))
+    status, _, raw = await post(http, without, {**BODY, "background": True})
+    assert status == 400 and envelope(orjson.loads(raw))["param"] == "background"
+    url = await start_proxy(replica_config(upstream, store))
+    status, _, raw = await post(http, url, {**BODY, "background": True, "store": False})
+    assert status == 400 and envelope(orjson.loads(raw))["param"] == "store"
+    upstream.script(Reply(slow_text(2)))
+    _, _, raw = await post(http, url, BODY)
+    async with http.get(f"{url}/v1/responses/{orjson.loads(raw)['id']}?stream=true") as response:
+        assert response.status == 400 and envelope(await response.json())["param"] == "stream"
+
+
+async def test_the_openai_sdk_runs_reads_follows_and_cancels(upstream: FakeUpstream, replicas: tuple[str, str]) -> None:
+    clients = [openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) for url in replicas]
+    try:
+        upstream.script(Reply(slow_text(), delay=0.02))
+        created = await clients[0].responses.create(model="m", input="hi", background=True, include=["message.output_text.logprobs"])
+        assert created.status == "queued" and created.background
+        events = [event async for event in await clients[1].responses.retrieve(created.id, stream=True, starting_after=5)]
+        assert events[0].sequence_number == 6 and events[-1].type == "response.completed"
+        done = await clients[1].responses.retrieve(created.id)
+        assert done.status == "completed" and done.output_text == "".join(WORDS)
+        upstream.script(Reply(slow_text(), stall_after=4))
+        running = await clients[1].responses.create(model="m", input="hi", background=True)
+        await asyncio.wait_for(_until(lambda: upstream.active_streams == 1), 5)
+        cancelled = await clients[0].responses.cancel(running.id)
+        assert cancelled.status == "cancelled"
+    finally:
+        for client in clients:
+            await client.close()
