@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any, Generic, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
@@ -9,34 +11,53 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 # set is bounded; past it they count as `other`.
 _MAX_IGNORED_KINDS = 256
 
+M = TypeVar("M", Counter, Histogram)
+
+
+class Labelled(Generic[M]):
+    """A labelled metric whose children are looked up in a dict: prometheus_client's own
+    `labels()` checks and locks on every call, and every request calls it several times."""
+
+    __slots__ = ("metric", "_children")
+
+    def __init__(self, metric: M) -> None:
+        self.metric: M = metric
+        self._children: dict[tuple[Any, ...], M] = {}
+
+    def labels(self, *values: Any) -> M:
+        child = self._children.get(values)
+        if child is None:
+            child = self._children[values] = self.metric.labels(*(str(value) for value in values))
+        return child
+
 
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Counter(
+        self.requests = Labelled(Counter(
             "proxy_requests", "Requests answered, by route, endpoint and HTTP status.", ["route", "endpoint", "status"], registry=self.registry
-        )
-        self.latency = Histogram(
+        ))
+        self.latency = Labelled(Histogram(
             "proxy_request_duration_seconds", "Time from request to the end of the answer.", ["endpoint"], buckets=_LATENCY_BUCKETS, registry=self.registry
-        )
-        self.first_token = Histogram(
+        ))
+        self.first_token = Labelled(Histogram(
             "proxy_time_to_first_token_seconds", "Time from request to the first generated token sent.", ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry
-        )
+        ))
         self.streams = Gauge("proxy_streams_in_flight", "Streaming responses being written.", registry=self.registry)
-        self.output_tokens = Counter("proxy_output_tokens", "Tokens generated, from upstream usage.", ["route"], registry=self.registry)
-        self.upstream_errors = Counter(
+        self.output_tokens = Labelled(Counter("proxy_output_tokens", "Tokens generated, from upstream usage.", ["route"], registry=self.registry))
+        self.upstream_errors = Labelled(Counter(
             "proxy_upstream_errors", "Upstream failures by upstream and kind.", ["upstream", "kind"], registry=self.registry
-        )
-        self._ignored = Counter(
+        ))
+        self._ignored = Labelled(Counter(
             "proxy_ignored",
             "What requests named that was not sent upstream: unknown fields, hosted tools, items with no chat form, unreadable sealed reasoning.",
             ["what"],
             registry=self.registry,
-        )
+        ))
         self._ignored_kinds: set[str] = set()
-        self.store_errors = Counter(
+        self.store_errors = Labelled(Counter(
             "proxy_store_errors", "Response store operations that failed, by operation.", ["operation"], registry=self.registry
-        )
+        ))
 
     def ignored(self, what: str) -> bool:
         """Count one thing a request named that was left out; True the first time it is seen."""

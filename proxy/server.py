@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import re
 import time
-import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import orjson
@@ -65,15 +65,32 @@ def error_response(error: ProxyError) -> web.Response:
 
 
 @web.middleware
-async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Request id, access log line and request metrics: once per request, never per chunk."""
+async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """What every request goes through, in one middleware (a layer costs a coroutine a
+    request): its id, its API key, its errors in the envelope, its metrics and access log
+    line; once per request, never per chunk."""
     sent = request.headers.get(REQUEST_ID_HEADER, "")
     # A client's id goes into logs and upstream headers: bounded, or replaced by our own.
-    request[REQUEST_ID] = sent if _REQUEST_ID.fullmatch(sent) else uuid.uuid4().hex
+    request[REQUEST_ID] = sent if sent and _REQUEST_ID.fullmatch(sent) else os.urandom(16).hex()
     started = time.monotonic()
     status = 500
     try:
-        response = await handler(request)
+        try:
+            request[OWNER] = _owner(request)
+            response = await handler(request)
+        except ProxyError as error:
+            response = _rendered(request, error)
+        except web.HTTPNotFound:
+            response = _rendered(request, NotFound(f"No such endpoint: {request.method} {request.path}."))
+        except web.HTTPMethodNotAllowed:
+            response = _rendered(request, MethodNotAllowed(f"{request.method} is not allowed on {request.path}."))
+        except (web.HTTPException, asyncio.CancelledError):
+            raise
+        except Exception:  # a failure not foreseen: logged whole, answered in the envelope (design.md 5.9)
+            log.exception("%s %s failed", request.method, request.path, extra={"request_id": request[REQUEST_ID]})
+            if request.writer.output_size:
+                raise  # a stream has begun: cutting the connection is all that is left
+            response = error_response(ProxyError(f"internal error; request id {request[REQUEST_ID]}"))
         status = response.status
         return response
     except asyncio.CancelledError:
@@ -84,42 +101,20 @@ async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
         info = request.match_info.route.resource
         endpoint = info.canonical if info is not None else "other"
         metrics = request.app[RUNTIME].metrics
-        metrics.requests.labels(request.get(MODEL_PATTERN, ""), endpoint, str(status)).inc()
+        metrics.requests.labels(request.get(MODEL_PATTERN, ""), endpoint, status).inc()
         metrics.latency.labels(endpoint).observe(elapsed)
-        access_log.info(
-            "%s %s %d %.1fms",
-            request.method,
-            request.path,
-            status,
-            elapsed * 1000,
-            extra={"request_id": request[REQUEST_ID], "status": status, "duration_ms": round(elapsed * 1000, 1), "route": request.get(MODEL_PATTERN)},
-        )
+        if access_log.isEnabledFor(logging.INFO):
+            access_log.info(
+                "%s %s %d %.1fms",
+                request.method,
+                request.path,
+                status,
+                elapsed * 1000,
+                extra={"request_id": request[REQUEST_ID], "status": status, "duration_ms": round(elapsed * 1000, 1), "route": request.get(MODEL_PATTERN)},
+            )
 
 
-@web.middleware
-async def render_errors(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """The one place where a `ProxyError` becomes an HTTP answer in the OpenAI envelope."""
-    try:
-        return await handler(request)
-    except ProxyError as error:
-        if error.internal:
-            log.warning("%s %s: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
-        return error_response(error.for_client(request[REQUEST_ID]))
-    except web.HTTPNotFound:
-        return error_response(NotFound(f"No such endpoint: {request.method} {request.path}."))
-    except web.HTTPMethodNotAllowed:
-        return error_response(MethodNotAllowed(f"{request.method} is not allowed on {request.path}."))
-    except web.HTTPException:
-        raise
-    except Exception:  # a failure not foreseen: logged whole, answered in the envelope (design.md 5.9)
-        log.exception("%s %s failed", request.method, request.path, extra={"request_id": request[REQUEST_ID]})
-        if request.writer.output_size:
-            raise  # a stream has begun: cutting the connection is all that is left
-        return error_response(ProxyError(f"internal error; request id {request[REQUEST_ID]}"))
-
-
-@web.middleware
-async def authenticate(request: web.Request, handler: Handler) -> web.StreamResponse:
+def _owner(request: web.Request) -> str:
     """With API keys configured, a /v1 request must bring one; its digest owns the responses
     it stores (design.md 9.5)."""
     keys = request.app[RUNTIME].api_keys
@@ -129,8 +124,14 @@ async def authenticate(request: web.Request, handler: Handler) -> web.StreamResp
         token = token.strip()
         if scheme.lower() != "bearer" or token not in keys:
             raise Unauthorized("Missing or invalid API key: send `Authorization: Bearer <key>`.")
-    request[OWNER] = owner_of(token)
-    return await handler(request)
+    return owner_of(token)
+
+
+def _rendered(request: web.Request, error: ProxyError) -> web.Response:
+    """The one place where an error becomes an HTTP answer in the OpenAI envelope."""
+    if error.internal:
+        log.warning("%s %s: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
+    return error_response(error.for_client(request[REQUEST_ID]))
 
 
 async def _add_request_id(request: web.Request, response: web.StreamResponse) -> None:
@@ -139,7 +140,7 @@ async def _add_request_id(request: web.Request, response: web.StreamResponse) ->
 
 def create_app(config: Config) -> web.Application:
     # The body limit is the runtime config's (it can change on reload): see api.common.read_body.
-    app = web.Application(middlewares=[observe, render_errors, authenticate], client_max_size=2**63)
+    app = web.Application(middlewares=[front], client_max_size=2**63)
 
     async def runtime(app: web.Application) -> AsyncIterator[None]:
         app[RUNTIME] = Runtime(config, Metrics())

@@ -35,15 +35,24 @@ async def read_body(request: web.Request) -> bytes:
         raise too_large
     pieces: list[bytes] = []
     size = 0
+
+    def take(piece: bytes) -> None:
+        nonlocal size
+        for data in _decompressed(decompressor, piece, limit - size + 1):
+            size += len(data)
+            if size > limit:
+                raise too_large
+            pieces.append(data)
+
+    content = request.content
     timeout = request.app[RUNTIME].config.connections.body_timeout
     try:
-        async with asyncio.timeout(timeout):  # a body trickled in holds a connection (design.md 5.11)
-            async for piece in request.content.iter_any():
-                for data in _decompressed(decompressor, piece, limit - size + 1):
-                    size += len(data)
-                    if size > limit:
-                        raise too_large
-                    pieces.append(data)
+        if content.is_eof():  # the body came whole with the headers, as it mostly does: no timer
+            take(content.read_nowait())
+        else:
+            async with asyncio.timeout(timeout):  # a body trickled in holds a connection (design.md 5.11)
+                async for piece in content.iter_any():
+                    take(piece)
     except web.RequestPayloadError:  # a broken chunked transfer
         raise InvalidRequest("The request body could not be read: its transfer encoding is broken.") from None
     except zlib.error:
@@ -82,7 +91,8 @@ def load_json(body: bytes, max_depth: int) -> Any:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
         raise InvalidRequest(f"The request body is not valid JSON: {exc}") from None
-    too_deep = _too_deep(data, max_depth)
+    # Nesting needs an opening bracket a level: a body with fewer is not walked.
+    too_deep = _too_deep(data, max_depth) if body.count(b"{") + body.count(b"[") > max_depth else None
     if too_deep is not None:
         raise InvalidRequest(f"'{too_deep}' is nested more than {max_depth} levels deep.", param=too_deep)
     return data

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import orjson
 from aiohttp import hdrs, web
 
 from ..appkeys import RUNTIME
@@ -17,9 +16,8 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if not isinstance(model, str):
         raise InvalidRequest("'model' must be a string.", param="model")
     target, client = find_target(request, model)
-    if target.model != model:
-        body = orjson.dumps({**data, "model": target.model})
-    async with client.post(request.path, body, upstream_headers(request), relayed=True) as exchange:
+    sent = {**data, "model": target.model} if target.model != model else body
+    async with client.post(request.path, sent, upstream_headers(request), relayed=True) as exchange:
         upstream = exchange.response
         headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json")}
         if hdrs.CONTENT_ENCODING in upstream.headers:  # the bytes go as they came: say how (design.md 6.10)

@@ -135,7 +135,7 @@ async def _relay(watch: _ClientWatch, translator: ResponseTranslator, exchange: 
     when the upstream broke off, so there is nothing left to drain."""
     await watch.write(translator.start())
     waiting = True
-    while not translator.done:
+    while translator.response is None:
         try:
             data = await exchange.read_chunk()
         except ProxyError as error:
@@ -144,7 +144,8 @@ async def _relay(watch: _ClientWatch, translator: ResponseTranslator, exchange: 
             await watch.write(events)
             return False
         events = translator.feed(data) if data else translator.finish()
-        await _keep_finished(translator, keep)
+        if translator.response is not None:
+            await keep(translator.response)
         if events:
             await watch.write(events)
         if waiting and translator.generating:

@@ -38,8 +38,8 @@ class LogprobEntry(msgspec.Struct, gc=False):
 
 
 class ChoiceLogprobs(msgspec.Struct, gc=False):
-    # Kept as the upstream's own bytes: most scores reach the client as they came.
-    content: list[msgspec.Raw] | None = None
+    # The array as the upstream's own bytes: most scores reach the client as they came.
+    content: msgspec.Raw = msgspec.Raw()
 
 
 class FunctionDelta(msgspec.Struct, gc=False):
@@ -92,12 +92,88 @@ class Chunk(msgspec.Struct, gc=False):
     error: Any = None
     object: str | None = None
 
-    @property
-    def is_error(self) -> bool:
-        return self.error is not None or self.object == "error"
-
 
 decode_chunk = msgspec.json.Decoder(Chunk).decode
+
+
+class ChunkShape:
+    """The bytes around the one text of a chunk that carries nothing else (a delta's `content`
+    or its reasoning) and, when scores were asked for, around its scores: learned from a chunk
+    decoded in full, then recognised in the next ones, which an upstream writes byte for byte
+    alike but for those two values (design.md 7.1).
+
+    A payload that starts, continues and ends with this shape's bytes, with one JSON string
+    and one JSON value in between, is that chunk with other values in their places: the string
+    is checked by decoding it, the scores by the score check; anything else is not a match and
+    is decoded in full.
+    """
+
+    __slots__ = ("reasoning", "_head", "_middle", "_tail")
+
+    def __init__(self, reasoning: bool, head: bytes, middle: bytes | None, tail: bytes) -> None:
+        self.reasoning = reasoning  # the text is reasoning, not output text
+        self._head = head
+        self._middle = middle  # between the text and the scores; None: no scores
+        self._tail = tail
+
+    @classmethod
+    def learn(cls, payload: bytes, chunk: Chunk) -> ChunkShape | None:
+        """The shape of `payload` (decoded: `chunk`), if it is one text with or without scores
+        after it, each found once in its bytes (the scores' tokens may repeat the text)."""
+        if chunk.usage is not None or chunk.error is not None or not chunk.choices or len(chunk.choices) != 1:
+            return None
+        choice = chunk.choices[0]
+        delta = choice.delta
+        if choice.index != 0 or choice.finish_reason is not None or delta is None or delta.tool_calls:
+            return None
+        texts = [text for text in (delta.content, delta.reasoning_content, delta.reasoning) if text]
+        if len(texts) != 1:
+            return None
+        text = orjson.dumps(texts[0])
+        scores = bytes(choice.logprobs.content) if choice.logprobs is not None and choice.logprobs.content else b""
+        at = payload.find(scores) if scores else len(payload)
+        if at < 0 or (scores and payload.find(scores, at + 1) >= 0):
+            return None
+        start = payload.find(text, 0, at)
+        if start < 0 or payload.find(text, start + 1, at) >= 0:
+            return None
+        end = start + len(text)
+        middle = payload[end:at] if scores else None
+        return cls(not delta.content, payload[:start], middle, payload[at + len(scores) if scores else end :])
+
+    def match(self, payload: bytes) -> tuple[str, bytes, bytes] | None:
+        """The text, as a string and as its JSON, and the scores' JSON (b"" when the shape has
+        none) of a payload of this shape; None for any other payload."""
+        start, tail = len(self._head), self._tail
+        if not payload.startswith(self._head) or not payload.endswith(tail) or payload[start : start + 1] != b'"':
+            return None
+        end = start
+        while True:  # the closing quote: one not escaped, so after an even run of backslashes
+            end = payload.find(b'"', end + 1)
+            if end < 0:
+                return None
+            before = end - 1
+            while payload[before] == 92:  # backslash
+                before -= 1
+            if (end - before) % 2:
+                break
+        end += 1
+        text_json = payload[start:end]
+        stop = len(payload) - len(tail)
+        if self._middle is None:
+            if end != stop:
+                return None
+            scores = b""
+        else:
+            at = end + len(self._middle)
+            if at >= stop or not payload.startswith(self._middle, end):
+                return None
+            scores = payload[at:stop]
+        try:
+            text = orjson.loads(text_json)
+        except orjson.JSONDecodeError:
+            return None
+        return text, text_json, scores
 
 
 def upstream_error(body: bytes, status: int | None = None) -> ProxyError:

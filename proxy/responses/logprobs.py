@@ -1,9 +1,10 @@
-"""The two logprob decisions: how many alternatives to ask for, and how a score looks."""
+"""The logprob decisions: how many alternatives to ask for, how a score looks, and where the
+scores of a response wait for their delta (the pending-score buffer, design.md 3.7)."""
 
 from __future__ import annotations
 
 import re
-from typing import Any
+from typing import Annotated, Any
 
 import msgspec
 import orjson
@@ -18,11 +19,29 @@ SPEC_MAX_TOP_LOGPROBS = 20
 NULL_LOGPROB = -9999.0
 ZERO_PROBABILITY = -1e30
 
-_NULL_VALUE = re.compile(rb":\s*null\b")
 # llama.cpp's token id, first or last among an entry's keys: a key is `"id":` only outside a
 # string, since a quote inside one is escaped.
 _TOKEN_ID = re.compile(rb'"id":-?\d+,|,"id":-?\d+(?=})')
-_decode = msgspec.json.Decoder(LogprobEntry).decode
+_Logprob = Annotated[float, msgspec.Meta(gt=ZERO_PROBABILITY)]
+
+
+class _Alternative(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    token: str
+    logprob: _Logprob
+    bytes: list[int]
+
+
+class _Score(msgspec.Struct, forbid_unknown_fields=True, gc=False):
+    """A chat score that already is a Responses score, key for key (design.md 3.5)."""
+
+    token: str
+    logprob: _Logprob
+    bytes: list[int]
+    top_logprobs: list[_Alternative]
+
+
+_decode_exact = msgspec.json.Decoder(list[_Score]).decode
+_decode_any = msgspec.json.Decoder(list[LogprobEntry] | None).decode
 
 
 def effective_top_logprobs(requested: int | None, cap: int) -> int:
@@ -30,44 +49,67 @@ def effective_top_logprobs(requested: int | None, cap: int) -> int:
     return min(requested or 0, cap)
 
 
-def response_logprobs(content: list[msgspec.Raw]) -> list[orjson.Fragment]:
-    """A chat `logprobs.content` array as Responses `output_text.logprobs` entries, each
-    encoded (scores are only ever written out, so they are kept as JSON).
+def response_scores(content: bytes) -> tuple[bytes, int]:
+    """A chat `logprobs.content` array as a JSON array of Responses `output_text.logprobs`
+    entries, and how many there are.
 
-    A chat entry and a Responses entry have the same four keys (design.md 3.5), so when every
-    entry and every alternative has exactly those and nothing is null or a zero probability
-    (what SGLang and vLLM send) the entries pass through as they came: on the hottest path of
-    the proxy a score costs a copy, not six dicts. llama.cpp adds a token `id` to each: cut out
-    of the bytes, it costs a substitution. Anything else is decoded and mapped entry by entry.
-    (An entry that is not an object has no `top_logprobs` key: it fails the count and the
-    decoder refuses it.)
+    A chat entry and a Responses entry have the same four keys (design.md 3.5), so entries that
+    hold exactly those, nothing null and no zero probability (what SGLang and vLLM send) pass
+    through as the upstream's own bytes, checked by one typed decode: on the hottest path of
+    the proxy a score costs a check, not six dicts and an encode. llama.cpp adds a token `id`
+    to each: cut out of the bytes, it costs a substitution. Anything else is mapped entry by
+    entry.
     """
-    entries = [bytes(entry) for entry in content]
-    data = entries[0] if len(entries) == 1 else b",".join(entries)
-    if b'"id":' in data:
-        entries = [_TOKEN_ID.sub(b"", entry) for entry in entries]
-        data = entries[0] if len(entries) == 1 else b",".join(entries)
-    if _exactly_the_four_keys(data, len(entries)):
-        return [orjson.Fragment(entry) for entry in entries]
     try:
-        return [orjson.Fragment(orjson.dumps(_mapped(_decode(entry)))) for entry in entries]
+        return content, len(_decode_exact(content))
+    except msgspec.MsgspecError:
+        pass
+    if b'"id":' in content:
+        try:
+            content = _TOKEN_ID.sub(b"", content)
+            return content, len(_decode_exact(content))
+        except msgspec.MsgspecError:
+            pass
+    try:
+        entries = _decode_any(content)
     except msgspec.MsgspecError as exc:
         raise UpstreamProtocolError(f"unreadable upstream logprobs: {exc}") from None
+    return b"[%s]" % b",".join(orjson.dumps(_mapped(entry)) for entry in entries or ()), len(entries or ())
 
 
-def _exactly_the_four_keys(data: bytes, entries: int) -> bool:
-    """Whether the entries in `data` hold the four keys and no other, nothing null, no zero
-    probability. Every key ends in `":`, so the keys add up; a string that holds `":` or
-    `null` or `e+3` adds to a count and only sends the array the slow, sure way."""
-    tokens = data.count(b'"token":')
-    return (
-        data.count(b'":') == 3 * tokens + entries
-        and data.count(b'"bytes":') == tokens
-        and data.count(b'"logprob":') == tokens
-        and data.count(b'"top_logprobs":') == entries
-        and (b"null" not in data or not _NULL_VALUE.search(data))  # a token may be "null"
-        and b"e+3" not in data  # the lowest float, llama.cpp's zero probability
-    )
+class ScoreBuffer:
+    """Every score of a response in arrival order, as the JSON arrays they came in; those past
+    `_delivered` are the pending scores (design.md 3.7). Scores are only ever written out, so
+    they are never decoded into objects, and a delta whose scores came in one chunk sends that
+    chunk's array as it is (design.md 7.1)."""
+
+    __slots__ = ("_arrays", "_delivered", "count")
+
+    def __init__(self) -> None:
+        self._arrays: list[bytes] = []
+        self._delivered = 0
+        self.count = 0
+
+    def add(self, content: bytes) -> None:
+        """A chat `logprobs.content` array, as its bytes."""
+        array, count = response_scores(content)
+        if count:
+            self._arrays.append(array)
+            self.count += count
+
+    def take(self) -> bytes:
+        """The pending scores as a JSON array; from now on they are delivered."""
+        pending = self._arrays[self._delivered :]
+        self._delivered = len(self._arrays)
+        return pending[0] if len(pending) == 1 else _joined(pending)
+
+    def whole(self) -> orjson.Fragment:
+        """Every score so far, as a JSON array for orjson to write as it is."""
+        return orjson.Fragment(_joined(self._arrays))
+
+
+def _joined(arrays: list[bytes]) -> bytes:
+    return b"[%s]" % b",".join([array[1:-1] for array in arrays])  # a Raw array starts and ends with its brackets
 
 
 def _mapped(entry: LogprobEntry) -> dict[str, Any]:

@@ -6,16 +6,17 @@ the upstream body and `fail(error)` a broken upstream. It never awaits. A non-st
 completion goes through the same machine (its `message` read as one delta, events not
 encoded), so both modes build the same Response.
 
-Scores (design.md 3.7): every score lands in `_scores` in arrival order; an `output_text.delta`
-carries the slice not yet delivered, so the pending-score buffer is `_scores[_delivered:]`.
-The done events carry the whole list. The message stays open until the end of the response
-because a score can arrive with the last chunk.
+Scores (design.md 3.7): every score lands in `_scores`, a `ScoreBuffer`, in arrival order; an
+`output_text.delta` carries the part not yet delivered, the done events the whole list. The
+message stays open until the end of the response because a score can arrive with the last
+chunk. Delta events, most of what a stream is, are built as bytes from a head encoded once per
+item (design.md 7.1).
 """
 
 from __future__ import annotations
 
+import os
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -23,8 +24,8 @@ import msgspec
 import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
-from .chat import Chunk, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error
-from .logprobs import response_logprobs
+from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error
+from .logprobs import ScoreBuffer
 from .plan import Call
 from .sse import DEFAULT_MAX_EVENT, SSEDecoder
 from .tools import ToolRef, custom_input
@@ -39,19 +40,20 @@ Clock = Callable[[], float]  # seconds since the epoch
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex}"
+    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 class _OpenItem:
     """An output item while it is open: its dict (shared with `output`) and its text so far."""
 
-    __slots__ = ("index", "item", "parts", "at")
+    __slots__ = ("index", "item", "parts", "at", "heads")
 
     def __init__(self, index: int, item: dict[str, Any]) -> None:
         self.index = index
         self.item = item
         self.parts: list[str] = []
         self.at = {"item_id": item["id"], "output_index": index}  # what every event on it names
+        self.heads: dict[str, bytes] = {}  # delta event type -> its encoded head
 
 
 class _ToolCall:
@@ -95,8 +97,8 @@ class ResponseTranslator:
         # What the last generated token went to: an item, or a tool call still waiting for its id.
         self._generating: _OpenItem | _ToolCall | None = None
         self._calls: dict[int, _ToolCall] = {}
-        self._scores: list[orjson.Fragment] = []
-        self._delivered = 0
+        self._scores = ScoreBuffer()
+        self._shape: ChunkShape | None = None  # of the last chunk that held one text and nothing else
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
         self.response: dict[str, Any] | None = None  # set once a terminal event is built
@@ -133,12 +135,12 @@ class ResponseTranslator:
         return self._flush()
 
     def feed(self, data: bytes) -> bytes:
-        if self.done:
+        if self.response is not None:
             return b""
         try:
             for payload in self._sse.feed(data):
                 self._payload(payload)
-                if self.done:
+                if self.response is not None:
                     break
         except ProxyError as error:
             self._fail(error)
@@ -186,6 +188,16 @@ class ResponseTranslator:
     # -- chunk handling --------------------------------------------------------------------
 
     def _payload(self, payload: bytes) -> None:
+        shape = self._shape
+        if shape is not None:
+            found = shape.match(payload)
+            if found is not None:
+                text, text_json, scores = found
+                if scores and self._logprobs:
+                    self._scores.add(scores)
+                if text:
+                    (self._reasoning if shape.reasoning else self._text)(text, text_json)
+                return
         if payload == b"[DONE]":
             self._end()
             return
@@ -193,10 +205,12 @@ class ResponseTranslator:
             chunk = decode_chunk(payload)
         except msgspec.MsgspecError as exc:
             raise UpstreamProtocolError(f"unreadable upstream chunk: {exc}") from None
-        if chunk.is_error:
+        if chunk.error is not None or chunk.object == "error":
             self._fail(upstream_error(payload))
-        else:
-            self._apply(chunk)
+            return
+        self._apply(chunk)
+        if self._streaming:
+            self._shape = ChunkShape.learn(payload, chunk)
 
     def _apply(self, chunk: Chunk) -> None:
         if chunk.usage is not None:
@@ -205,7 +219,7 @@ class ResponseTranslator:
             if choice.index != 0:
                 continue
             if self._logprobs and choice.logprobs is not None and choice.logprobs.content:
-                self._scores += response_logprobs(choice.logprobs.content)
+                self._scores.add(bytes(choice.logprobs.content))
             delta = choice.delta or choice.message
             if delta is not None:
                 self._delta(delta)
@@ -217,13 +231,13 @@ class ResponseTranslator:
     def _delta(self, delta: Delta) -> None:
         reasoning = delta.reasoning or delta.reasoning_content
         if reasoning:
-            self._reasoning(reasoning)
+            self._reasoning(reasoning, orjson.dumps(reasoning))
         if delta.content:
-            self._text(delta.content)
+            self._text(delta.content, orjson.dumps(delta.content))
         for position, tool_call in enumerate(delta.tool_calls or ()):
             self._tool_call(position, tool_call)
 
-    def _reasoning(self, text: str) -> None:
+    def _reasoning(self, text: str, text_json: bytes) -> None:
         item = self._current
         if item is None or item.item["type"] != "reasoning":
             self._close_current()
@@ -235,18 +249,17 @@ class ResponseTranslator:
                 self._emit_summary_part("response.reasoning_summary_part.added", item, "")
         item.parts.append(text)
         self._generating = item
-        self._emit("response.reasoning_text.delta", **item.at, content_index=0, delta=text)
+        self._emit_delta(item, "response.reasoning_text.delta", "content_index", text_json)
         if self._call.summary:
-            self._emit("response.reasoning_summary_text.delta", **item.at, summary_index=0, delta=text)
+            self._emit_delta(item, "response.reasoning_summary_text.delta", "summary_index", text_json)
 
-    def _text(self, text: str) -> None:
-        self._close_current()
+    def _text(self, text: str, text_json: bytes) -> None:
+        if self._current is not None:
+            self._close_current()
         message = self._message or self._open_message()
         message.parts.append(text)
         self._generating = message
-        logprobs = self._scores[self._delivered :]
-        self._delivered = len(self._scores)
-        self._emit("response.output_text.delta", **message.at, content_index=0, delta=text, logprobs=logprobs)
+        self._emit_delta(message, "response.output_text.delta", "content_index", text_json, b',"logprobs":' + self._scores.take())
 
     def _tool_call(self, position: int, delta: ToolCallDelta) -> None:
         index = position if delta.index is None else delta.index
@@ -264,7 +277,7 @@ class ResponseTranslator:
             if function.arguments:
                 call.arguments.append(function.arguments)
                 if call.item is not None and not call.ref.custom:
-                    self._emit("response.function_call_arguments.delta", **call.item.at, delta=function.arguments)
+                    self._emit_delta(call.item, "response.function_call_arguments.delta", None, orjson.dumps(function.arguments))
         if call.item is None and call.call_id and call.name:
             self._open_call(call)
         self._generating = call.item or call
@@ -299,7 +312,7 @@ class ResponseTranslator:
         item.parts = call.arguments  # one list: fragments that come later are the item's too
         # Fragments that came before the id and name were known.
         if call.arguments and not ref.custom:
-            self._emit("response.function_call_arguments.delta", **item.at, delta="".join(call.arguments))
+            self._emit_delta(item, "response.function_call_arguments.delta", None, orjson.dumps("".join(call.arguments)))
 
     def _close_current(self, status: str = "completed") -> None:
         item = self._current
@@ -338,13 +351,14 @@ class ResponseTranslator:
     def _close_message(self, status: str) -> None:
         message = self._message
         if message is None:
-            if not self._scores:
+            if not self._scores.count:
                 return
             # design.md 3.9: scores with no text part still reach the client, on an empty message.
             message = self._open_message()
         text = "".join(message.parts)
-        self._emit("response.output_text.done", **message.at, content_index=0, text=text, logprobs=self._scores)
-        part = self._text_part(text, self._scores)
+        scores = self._scores.whole()
+        self._emit("response.output_text.done", **message.at, content_index=0, text=text, logprobs=scores)
+        part = self._text_part(text, scores)
         self._emit_part("response.content_part.done", message, part)
         message.item["content"] = [part]
         self._close(message, status)
@@ -424,7 +438,7 @@ class ResponseTranslator:
     def _as_it_stands(self, item: dict[str, Any]) -> dict[str, Any]:
         message, current = self._message, self._current
         if message is not None and item is message.item and item["status"] == "in_progress":
-            return {**item, "content": [self._text_part("".join(message.parts), list(self._scores))]}
+            return {**item, "content": [self._text_part("".join(message.parts), self._scores.whole())]}
         if current is not None and item is current.item:
             text = "".join(current.parts)
             if item["type"] == "reasoning":
@@ -448,7 +462,7 @@ class ResponseTranslator:
         }
 
     @staticmethod
-    def _text_part(text: str, logprobs: list[orjson.Fragment]) -> dict[str, Any]:
+    def _text_part(text: str, logprobs: orjson.Fragment | list[Any]) -> dict[str, Any]:
         return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
 
     def _emit_part(self, event: str, item: _OpenItem, part: dict[str, Any]) -> None:
@@ -458,6 +472,20 @@ class ResponseTranslator:
         part = {"type": "summary_text", "text": text}
         self._emit(event, **item.at, summary_index=0, part=part)
         return part
+
+    def _emit_delta(self, item: _OpenItem, event: str, index: str | None, delta: bytes, tail: bytes = b"") -> None:
+        """A delta event (most of a stream) from its head, encoded once per item and event type,
+        and its `delta`, already JSON (design.md 7.1)."""
+        if not self._streaming:
+            return
+        head = item.heads.get(event)
+        if head is None:
+            fields = {"type": event, **item.at}
+            if index is not None:
+                fields[index] = 0
+            head = item.heads[event] = b'event: %s\ndata: %s,"delta":' % (event.encode(), orjson.dumps(fields)[:-1])
+        self._events.append(b'%s%s%s,"sequence_number":%d}\n\n' % (head, delta, tail, self._sequence))
+        self._sequence += 1
 
     def _emit(self, event: str, **fields: Any) -> None:
         if not self._streaming:

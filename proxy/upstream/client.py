@@ -16,9 +16,10 @@ from __future__ import annotations
 import asyncio
 import itertools
 import time
-import types
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import aiohttp
@@ -91,6 +92,24 @@ class _Failures:
             raise self.timeout(f"sent nothing for {timeout:.3g} s") from None
 
 
+class _PoolConnector(aiohttp.TCPConnector):
+    """Says, in `reused`, whether the connection a request just got had served one before: a
+    context variable, set within the request's own task (design.md 6.12)."""
+
+    reused: ContextVar[bool] = ContextVar("reused", default=False)
+
+    def __init__(self) -> None:
+        super().__init__(limit=0, limit_per_host=0, keepalive_timeout=60)
+        self._served: weakref.WeakSet[object] = weakref.WeakSet()
+
+    async def connect(self, req: Any, traces: Any, timeout: aiohttp.ClientTimeout) -> Any:
+        connection = await super().connect(req, traces, timeout)
+        protocol = connection.protocol
+        self.reused.set(protocol in self._served)
+        self._served.add(protocol)
+        return connection
+
+
 class Replica:
     __slots__ = ("url", "outstanding", "ejected_until", "healthy")
 
@@ -111,10 +130,13 @@ class Exchange:
     not by a timeout context per read: a stream makes thousands of reads a second.
     """
 
-    __slots__ = ("response", "_config", "_timeouts", "_failures", "_deadline", "_waiting_since", "_timer")
+    __slots__ = ("response", "_content", "_loop", "_config", "_timeouts", "_failures", "_deadline", "_waiting_since", "_timer")
 
     def __init__(self, response: aiohttp.ClientResponse, config: Upstream, failures: _Failures, deadline: float | None) -> None:
         self.response = response
+        self._content = response.content
+        # Looked up once: on Python 3.11 every get_running_loop() is a getpid() system call.
+        self._loop = asyncio.get_running_loop()
         self._config = config
         self._timeouts = config.timeouts
         self._failures = failures
@@ -141,12 +163,11 @@ class Exchange:
 
     async def read_chunk(self) -> bytes:
         """The next bytes of a streaming body (b"" at its end), within the idle timeout."""
-        loop = asyncio.get_running_loop()
-        self._waiting_since = loop.time()
+        self._waiting_since = self._loop.time()
         if self._timer is None:
-            self._arm(loop, self._waiting_since)
+            self._arm(self._waiting_since)
         try:
-            return await self.response.content.readany()
+            return await self._content.readany()
         except aiohttp.ClientError as exc:
             raise self._failures.connection(exc) from exc
         finally:
@@ -180,16 +201,16 @@ class Exchange:
         if self._timer is not None:
             self._timer.cancel()
 
-    def _arm(self, loop: asyncio.AbstractEventLoop, since: float) -> None:
+    def _arm(self, since: float) -> None:
         due = since + self._timeouts.idle
         if self._deadline is not None:
             due = min(due, self._deadline)
-        self._timer = loop.call_at(due, self._check, loop)
+        self._timer = self._loop.call_at(due, self._check)
 
-    def _check(self, loop: asyncio.AbstractEventLoop) -> None:
+    def _check(self) -> None:
         """Fail the pending read if it has waited too long; otherwise look again later. Time
         spent writing to a slow client is not upstream idleness, so only a pending read counts."""
-        now = loop.time()
+        now = self._loop.time()
         waiting = self._waiting_since
         timeouts = self._timeouts
         if self._deadline is not None and now >= self._deadline:
@@ -197,7 +218,7 @@ class Exchange:
         elif waiting is not None and now - waiting >= timeouts.idle:
             detail = f"sent nothing for {timeouts.idle:g} s"
         else:
-            self._arm(loop, now if waiting is None else waiting)
+            self._arm(now if waiting is None else waiting)
             return
         # The pending read, or the next one, raises it.
         self.response.content.set_exception(self._failures.timeout(detail))
@@ -222,20 +243,17 @@ class UpstreamClient:
         key = config.key()
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
-        reuse = aiohttp.TraceConfig()
-        reuse.on_connection_reuseconn.append(_mark_reused)
-        self._session = self._new_session(aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=60), [reuse])
+        self._session = self._new_session(_PoolConnector())
         self._unpooled: aiohttp.ClientSession | None = None  # for a retry on a fresh connection
         self._probe = asyncio.create_task(self._probe_forever(config.health_check)) if config.health_check else None
 
-    def _new_session(self, connector: aiohttp.BaseConnector, traces: list[aiohttp.TraceConfig] | None = None) -> aiohttp.ClientSession:
+    def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
             connector=connector,
             headers=self._headers,
             timeout=aiohttp.ClientTimeout(total=None, sock_connect=self.config.timeouts.connect),
             auto_decompress=False,
             skip_auto_headers=("User-Agent",),
-            trace_configs=traces,
         )
 
     async def close(self) -> None:
@@ -273,7 +291,9 @@ class UpstreamClient:
         connection, which is how SGLang and vLLM learn to stop generating; a body read to
         its end returns the connection to the pool.
         """
-        data = body if isinstance(body, bytes) else orjson.dumps(body)
+        # aiohttp holds the body until the answer ends, and orjson's output keeps 4 kB of room
+        # whatever its length: held as an exact copy (design.md 7.1).
+        data = body if isinstance(body, bytes) else bytes(memoryview(orjson.dumps(body)))
         total = self.config.timeouts.total
         deadline = asyncio.get_running_loop().time() + total if total else None
         await self._take_slot()
@@ -358,12 +378,12 @@ class UpstreamClient:
         (llama.cpp closes after every stream, though it says keep-alive) fails before any byte
         of an answer: such a request never reached the model, and goes once more on a fresh
         connection (design.md 6.12)."""
-        seen = {"reused": False}
+        _PoolConnector.reused.set(False)
         try:
-            return await self._session.post(url, data=data, headers=headers, allow_redirects=False, trace_request_ctx=seen)
+            return await self._session.post(url, data=data, headers=headers, allow_redirects=False)
         except (aiohttp.ServerDisconnectedError, aiohttp.ClientOSError) as exc:
             answered = isinstance(exc, aiohttp.ServerDisconnectedError) and not isinstance(exc.message, str)
-            if not seen["reused"] or answered or isinstance(exc, aiohttp.ClientConnectorError):
+            if not _PoolConnector.reused.get() or answered or isinstance(exc, aiohttp.ClientConnectorError):
                 raise
         self._failures.stale()
         if self._unpooled is None:
@@ -392,7 +412,3 @@ async def _error_body(response: aiohttp.ClientResponse) -> bytes:
     except aiohttp.ClientError:
         return b""
 
-
-async def _mark_reused(session: aiohttp.ClientSession, context: types.SimpleNamespace, params: aiohttp.TraceConnectionReuseconnParams) -> None:
-    if context.trace_request_ctx is not None:  # a POST asked to know (_post); probes do not
-        context.trace_request_ctx["reused"] = True

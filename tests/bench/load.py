@@ -45,7 +45,9 @@ class Side:
     def body(self, n: int, *, stream: bool, k: int = 1, pace: float = 0) -> bytes:
         model = model_name(n, k, pace)
         if self.responses_api:
-            body = {"model": model, "input": PROMPT, "stream": stream, "include": ["message.output_text.logprobs"], "top_logprobs": TOP_LOGPROBS}
+            # store: false here: the translation alone, against the pass-through; what keeping a
+            # response costs is measured on its own (measure 7).
+            body = {"model": model, "input": PROMPT, "stream": stream, "include": ["message.output_text.logprobs"], "top_logprobs": TOP_LOGPROBS, "store": False}
         else:
             body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": stream, "logprobs": True, "top_logprobs": TOP_LOGPROBS}
             if stream:

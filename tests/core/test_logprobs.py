@@ -4,23 +4,20 @@ from __future__ import annotations
 
 import json
 
-import msgspec
 import orjson
 import pytest
 
 from proxy.errors import UpstreamProtocolError
-from proxy.responses.logprobs import effective_top_logprobs, response_logprobs
+from proxy.responses.logprobs import ScoreBuffer, effective_top_logprobs, response_scores
 from tests.events import as_response_logprob
-
-
-def raw_entries(content: bytes) -> list[msgspec.Raw]:
-    """The `logprobs.content` array as the chunk decoder hands it over."""
-    return msgspec.json.decode(content, type=list[msgspec.Raw])
 
 
 def mapped(entries: list[dict], *, compact: bool = True) -> list[dict]:
     raw = orjson.dumps(entries) if compact else json.dumps(entries).encode()  # json: `"key": value`
-    return orjson.loads(orjson.dumps(response_logprobs(raw_entries(raw))))
+    array, count = response_scores(raw)
+    scores = orjson.loads(array)
+    assert count == len(scores)
+    return scores
 
 
 ENTRIES = {
@@ -52,10 +49,37 @@ def test_one_entry_to_map_among_many_keeps_them_all_in_order() -> None:
     assert mapped(entries) == [as_response_logprob(entry) for entry in entries]
 
 
-@pytest.mark.parametrize("content", [b"[[1, 2]]", b"[1]", b'["token"]', b'[{"logprob": -1}]'])
+@pytest.mark.parametrize("content", [b"[[1, 2]]", b"[1]", b'["token"]', b'[{"logprob": -1}]', b'{"token": "a"}', b'"a"'])
 def test_content_that_is_not_a_list_of_entries_is_a_protocol_error(content: bytes) -> None:
     with pytest.raises(UpstreamProtocolError):
-        response_logprobs(raw_entries(content))
+        response_scores(content)
+
+
+@pytest.mark.parametrize("content", [b"[]", b"null"])
+def test_no_scores(content: bytes) -> None:
+    assert response_scores(content)[1] == 0
+
+
+def test_the_buffer_delivers_each_score_once_in_order_and_keeps_them_all() -> None:
+    entries = [{"token": t, "logprob": -1.0, "bytes": list(t.encode()), "top_logprobs": []} for t in "abcde"]
+    buffer = ScoreBuffer()
+    taken = []
+    for chunk, take in (([entries[0]], True), ([], True), ([entries[1], entries[2]], False), ([entries[3]], True), ([entries[4]], False)):
+        buffer.add(orjson.dumps(chunk))
+        if take:
+            taken.append(orjson.loads(buffer.take()))
+    assert taken == [[entries[0]], [], entries[1:4]]
+    assert buffer.count == 5
+    assert orjson.loads(orjson.dumps(buffer.whole())) == entries
+    assert orjson.loads(buffer.take()) == [entries[4]]
+    assert orjson.loads(buffer.take()) == []
+
+
+def test_a_delta_with_one_chunk_of_scores_sends_its_bytes_as_they_came() -> None:
+    array = orjson.dumps([ENTRIES["complete"]])
+    buffer = ScoreBuffer()
+    buffer.add(array)
+    assert buffer.take() is array
 
 
 @pytest.mark.parametrize(("requested", "cap", "sent"), [(None, 20, 0), (5, 20, 5), (21, 20, 20), (10**9, 20, 20), (7, 3, 3)])

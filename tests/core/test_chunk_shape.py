@@ -1,0 +1,110 @@
+"""Chunks recognised by their shape (design.md 7.1): what the fast path reads is what a full
+decode reads, for any text, any scores and every dialect."""
+
+from __future__ import annotations
+
+import orjson
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from proxy.responses.chat import ChunkShape, decode_chunk
+from tests.events import plan, sse, translate
+from tests.fake_upstream import Generation, Step, score
+
+texts = st.text(st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=6)
+
+
+def frame_of(chunk: dict) -> bytes:
+    return orjson.dumps(chunk)
+
+
+def shape_of(chunk: dict) -> ChunkShape:
+    payload = frame_of(chunk)
+    shape = ChunkShape.learn(payload, decode_chunk(payload))
+    assert shape is not None
+    return shape
+
+
+def text_chunk(text: str, scores: list[dict] | None = None, **delta: object) -> dict:
+    return Generation([Step("text", text, scores or [])], id="chatcmpl-1", created=1750000000).chunks(usage=False)[1] | (
+        {"choices": [{"index": 0, "delta": {"content": text, **delta}, "logprobs": {"content": scores} if scores else None, "finish_reason": None}]}
+        if delta
+        else {}
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    st.lists(st.tuples(st.sampled_from(["text", "text", "reasoning", "scores"]), texts, st.integers(0, 2)), max_size=12),
+    st.sampled_from(["sglang", "vllm", "llama.cpp"]),
+    st.booleans(),
+)
+def test_the_fast_path_reads_what_a_full_decode_reads(steps: list[tuple[str, str, int]], dialect: str, logprobs: bool) -> None:
+    gen = Generation(
+        [Step(kind, "" if kind == "scores" else text, [score(text, -0.5, top=top)]) for kind, text, top in steps]
+        + [Step("finish", finish_reason="stop")],
+        dialect=dialect,  # type: ignore[arg-type]
+    )
+    body = sse(gen.chunks(logprobs=logprobs))
+    call = plan(logprobs)
+    fast = translate(call, [body])[1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChunkShape, "learn", classmethod(lambda cls, payload, chunk: None))
+        full = translate(call, [body])[1]
+    assert fast == full
+
+
+def test_a_stream_of_text_chunks_takes_the_fast_path(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not vacuous: after the first text chunk, every other one is matched, not decoded."""
+    gen = Generation([Step("text", f" w{i}", [score(f" w{i}", top=2)]) for i in range(20)] + [Step("finish", finish_reason="stop")])
+    matched = []
+    match = ChunkShape.match
+    monkeypatch.setattr(ChunkShape, "match", lambda self, payload: matched.append(found := match(self, payload)) or found)
+    translate(plan(True), [sse(gen.chunks())])
+    assert sum(found is not None for found in matched) == 19
+
+
+@pytest.mark.parametrize("text", ['"', "\\", 'a\\"b', "\\\\", 'end\\', "é ☃ \n\t", '"}],"usage":null}'])
+def test_any_text_is_read_whole(text: str) -> None:
+    scores = [score(text, -1.0, top=1)]
+    shape = shape_of(text_chunk("first", [score("first", top=1)]))
+    payload = frame_of(text_chunk(text, scores))
+    assert shape.match(payload) == (text, orjson.dumps(text), orjson.dumps(scores))
+
+
+def test_a_text_with_escapes_of_its_own_is_read_as_it_was_written() -> None:
+    shape = shape_of(text_chunk("first", [score("first")]))
+    payload = frame_of(text_chunk("first", [score("x")])).replace(b'"first"', b'"\\u00e9\\/"', 1)
+    assert shape.match(payload) == ("é/", b'"\\u00e9\\/"', orjson.dumps([score("x")]))
+
+
+@pytest.mark.parametrize(
+    "other",
+    [
+        pytest.param(lambda: text_chunk("a", [score("a")], reasoning_content="r"), id="reasoning too"),
+        pytest.param(lambda: text_chunk("a", [score("a")]) | {"usage": {"prompt_tokens": 1, "completion_tokens": 1}}, id="usage"),
+        pytest.param(lambda: {**text_chunk("a", [score("a")]), "id": "other"}, id="another head"),
+        pytest.param(lambda: text_chunk("a", [score("a")]) | {"choices": [{**text_chunk("a", [score("a")])["choices"][0], "finish_reason": "stop"}]}, id="finish"),
+    ],
+)
+def test_a_chunk_of_another_shape_is_not_matched(other) -> None:
+    shape = shape_of(text_chunk("first", [score("first")]))
+    assert shape.match(frame_of(other())) is None
+
+
+def test_bytes_that_only_look_like_the_shape_are_not_matched() -> None:
+    shape = shape_of(text_chunk("first", [score("first")]))
+    good = frame_of(text_chunk("x", [score("x")]))
+    assert shape.match(good) is not None
+    head = good[: good.index(b'"x"')]
+    assert shape.match(head + b'"unterminated') is None
+    assert shape.match(head + b'"a\\"' + good[good.index(b'"x"') + 3 :]) is None  # its quote is escaped: no string ends there
+    assert shape.match(head + b"17" + good[good.index(b'"x"') + 3 :]) is None  # not a string
+
+
+def test_a_text_found_twice_teaches_no_shape() -> None:
+    """The text's place must be certain: a chunk whose text also stands elsewhere before the
+    scores (here the model's name) is decoded in full, and so is the next."""
+    payload = frame_of({**text_chunk("bench", [score("bench")]), "model": "bench"})
+    assert ChunkShape.learn(payload, decode_chunk(payload)) is None
