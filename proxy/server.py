@@ -67,8 +67,8 @@ def error_response(error: ProxyError) -> web.Response:
 @web.middleware
 async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
     """What every request goes through, in one middleware (a layer costs a coroutine a
-    request): its id, its API key, its errors in the envelope, its metrics and access log
-    line; once per request, never per chunk."""
+    request, design.md 7.1): its id, its API key, its errors in the envelope, its metrics and
+    access log line; once per request, never per chunk."""
     sent = request.headers.get(REQUEST_ID_HEADER, "")
     # A client's id goes into logs and upstream headers: bounded, or replaced by our own.
     request[REQUEST_ID] = sent if sent and _REQUEST_ID.fullmatch(sent) else os.urandom(16).hex()

@@ -182,3 +182,19 @@ async def test_the_openai_sdk_runs_reads_follows_and_cancels(upstream: FakeUpstr
     finally:
         for client in clients:
             await client.close()
+
+
+async def test_a_stream_followed_where_it_runs_needs_no_poll(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """SQLite cannot wake a reader in another process, so such a reader polls; a reader in the
+    process that runs the response is woken by each append. With a poll of a minute, a
+    stream of 30 events still ends at once."""
+    monkeypatch.setattr("proxy.store.sqlite._POLL", 60.0)
+    url = await start_proxy(replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}))
+    gen = slow_text()
+    upstream.script(Reply(gen, delay=0.01))
+    async with asyncio.timeout(10), http.post(f"{url}/v1/responses", json={**BODY, "include": LOGPROBS, "background": True, "stream": True}) as response:
+        events = parse_sse(await response.read())
+    assert events[-1]["type"] == "response.completed"
+    assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "".join(WORDS)

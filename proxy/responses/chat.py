@@ -100,7 +100,7 @@ class ChunkShape:
     """The bytes around the one text of a chunk that carries nothing else (a delta's `content`
     or its reasoning) and, when scores were asked for, around its scores: learned from a chunk
     decoded in full, then recognised in the next ones, which an upstream writes byte for byte
-    alike but for those two values (design.md 7.1).
+    alike but for those two values (design.md 7.4).
 
     A payload that starts, continues and ends with this shape's bytes, with one JSON string
     and one JSON value in between, is that chunk with other values in their places: the string

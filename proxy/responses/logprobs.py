@@ -81,7 +81,7 @@ class ScoreBuffer:
     """Every score of a response in arrival order, as the JSON arrays they came in; those past
     `_delivered` are the pending scores (design.md 3.7). Scores are only ever written out, so
     they are never decoded into objects, and a delta whose scores came in one chunk sends that
-    chunk's array as it is (design.md 7.1)."""
+    chunk's array as it is (design.md 7.2)."""
 
     __slots__ = ("_arrays", "_delivered", "count")
 

@@ -80,7 +80,7 @@ class SSEDecoder:
 def _whole_events(chunk: bytes) -> list[bytes] | None:
     """The payloads of a chunk that holds nothing but whole one-line `data:` events ending in
     `\n\n`, which is what an upstream writes nearly always; None for anything else. A newline
-    search per event, where the general way splits and walks every line."""
+    search per event, where the general way splits and walks every line (design.md 7.5)."""
     events = []
     start, size = 0, len(chunk)
     while start < size:

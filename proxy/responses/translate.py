@@ -10,7 +10,7 @@ Scores (design.md 3.7): every score lands in `_scores`, a `ScoreBuffer`, in arri
 `output_text.delta` carries the part not yet delivered, the done events the whole list. The
 message stays open until the end of the response because a score can arrive with the last
 chunk. Delta events, most of what a stream is, are built as bytes from a head encoded once per
-item (design.md 7.1).
+item (design.md 7.3).
 """
 
 from __future__ import annotations
@@ -475,7 +475,7 @@ class ResponseTranslator:
 
     def _emit_delta(self, item: _OpenItem, event: str, index: str | None, delta: bytes, tail: bytes = b"") -> None:
         """A delta event (most of a stream) from its head, encoded once per item and event type,
-        and its `delta`, already JSON (design.md 7.1)."""
+        and its `delta`, already JSON (design.md 7.3)."""
         if not self._streaming:
             return
         head = item.heads.get(event)

@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 """
 # Readers of a background response's events look this often for new ones: SQLite has no way to
-# wake a reader in another process.
+# wake a reader in another process (one in this process is woken by the append itself).
 _POLL = 0.05
 
 
@@ -49,6 +49,7 @@ class SQLiteBackend:
         self._db: sqlite3.Connection | None = None
         self._writes = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
+        self._readers: dict[str, list[asyncio.Future[None]]] = {}  # of each response's events, here
 
     async def put(self, record: StoredResponse) -> None:
         await self._run(self._put, record)
@@ -68,14 +69,27 @@ class SQLiteBackend:
 
     async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
         await self._run(self._append, id, events)
+        for reader in self._readers.get(id, ()):
+            if not reader.done():
+                reader.set_result(None)
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         deadline = time.monotonic() + wait
         while True:
-            found = await self._run(self._events, id, after)
-            if found or time.monotonic() >= deadline:
-                return found
-            await asyncio.sleep(_POLL)
+            # Waiting before the read: an append that lands between the two still wakes it.
+            appended = asyncio.get_running_loop().create_future()
+            readers = self._readers.setdefault(id, [])
+            readers.append(appended)
+            try:
+                found = await self._run(self._events, id, after)
+                left = deadline - time.monotonic()
+                if found or left <= 0:
+                    return found
+                await asyncio.wait([appended], timeout=min(_POLL, left))
+            finally:
+                readers.remove(appended)
+                if not readers:
+                    self._readers.pop(id, None)
 
     async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
         await self._run(self._write, "INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)", (id, owner, holder, time.time() + lease))

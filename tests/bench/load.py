@@ -28,6 +28,9 @@ class Side:
     proc: Proc | None = None  # the process whose CPU and RSS it reports (direct: the upstream's)
     cpu: int | None = None  # the core it is pinned to
     host: str = "127.0.0.1"
+    # Responses request fields: by default the translation alone, against the pass-through;
+    # what keeping a response costs (store, background) is measured on its own (7, 8).
+    options: dict = field(default_factory=lambda: {"store": False})
 
     @property
     def path(self) -> str:
@@ -45,9 +48,7 @@ class Side:
     def body(self, n: int, *, stream: bool, k: int = 1, pace: float = 0) -> bytes:
         model = model_name(n, k, pace)
         if self.responses_api:
-            # store: false here: the translation alone, against the pass-through; what keeping a
-            # response costs is measured on its own (measure 7).
-            body = {"model": model, "input": PROMPT, "stream": stream, "include": ["message.output_text.logprobs"], "top_logprobs": TOP_LOGPROBS, "store": False}
+            body = {"model": model, "input": PROMPT, "stream": stream, "include": ["message.output_text.logprobs"], "top_logprobs": TOP_LOGPROBS, **self.options}
         else:
             body = {"model": model, "messages": [{"role": "user", "content": PROMPT}], "stream": stream, "logprobs": True, "top_logprobs": TOP_LOGPROBS}
             if stream:
@@ -119,6 +120,7 @@ def check_response(response: dict, n: int) -> str | None:
 class StreamResult:
     events: int = 0
     first: float | None = None  # seconds from the request to the first text event
+    total: float = 0.0  # seconds from the request to the end of the stream
     max_gap: float = 0.0  # longest wait between two text events
     error: str | None = None
     body: bytes | None = None
@@ -153,6 +155,7 @@ async def stream_once(client: Client, side: Side, body: bytes, keep: bool = Fals
     try:
         async with asyncio.timeout(STREAM_TIMEOUT):
             status = await client.post(side.path, body, on_read)
+        result.total = time.perf_counter() - started
         if status != 200:
             result.error = f"HTTP {status}"
     except (OSError, TimeoutError) as exc:
@@ -174,9 +177,10 @@ async def call_once(client: Client, side: Side, body: bytes) -> tuple[float, byt
     return elapsed, data
 
 
-async def latencies(client: Client, side: Side, n: int, count: int, *, stream: bool, pace: float = 0) -> list[float]:
+async def latencies(client: Client, side: Side, n: int, count: int, *, stream: bool, pace: float = 0, whole: bool = False) -> list[float]:
     """`count` calls one after another (concurrency 1): the whole non-streaming answer, or the
-    time to the first text event of a stream. The first answer is checked."""
+    time to the first text event of a stream (to its end with `whole`). The first answer is
+    checked."""
     samples = []
     for i in range(count):
         if stream:
@@ -185,7 +189,7 @@ async def latencies(client: Client, side: Side, n: int, count: int, *, stream: b
                 raise RuntimeError(f"{side.name}: {result.error or f'{result.events} text events, expected {n}'}")
             if i == 0 and (error := side.check(result.body, n, stream=True)):
                 raise RuntimeError(f"{side.name}: bad stream: {error}")
-            samples.append(result.first)
+            samples.append(result.total if whole else result.first)
         else:
             elapsed, data = await call_once(client, side, side.body(n, stream=False))
             if i == 0 and (error := side.check(data, n, stream=False)):

@@ -124,11 +124,48 @@ def core_busy_seconds(cpu: int) -> float:
     return 0.0
 
 
-def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> dict[str, Proc]:
-    """upstream, baseline and proxy, each its own process; the caller stops them. With
-    `profile`, the proxy runs under cProfile and writes its stats there when stopped."""
+class Redis:
+    """A `redis-server` on the load core, for the proxy that keeps responses in Redis."""
+
+    def __init__(self, prefix: list[str], log_dir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(log_dir)]
+        self.popen = subprocess.Popen([*prefix, "redis-server", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                with socket.create_connection(("127.0.0.1", self.port), timeout=1) as sock:
+                    sock.sendall(b"PING\r\n")
+                    if sock.recv(16).startswith(b"+PONG"):
+                        return
+            except OSError:
+                pass
+            if time.monotonic() > deadline or self.popen.poll() is not None:
+                raise RuntimeError(f"redis-server did not answer on port {self.port}")
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.popen.kill()
+        self.popen.wait()
+
+
+def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> dict[str, Proc | Redis]:
+    """upstream, baseline and proxy (keeping responses in a fresh SQLite file), each its own
+    process, and, where `redis-server` is installed, a Redis and a proxy that keeps them there;
+    the caller stops them. With `profile`, the proxy runs under cProfile and writes its stats
+    there when stopped."""
     python = sys.executable
-    procs: dict[str, Proc] = {}
+    procs: dict[str, Proc | Redis] = {}
+    log_dir.mkdir(parents=True, exist_ok=True)
+
+    def proxy(name: str, store: str, upstream: str, extra: list[str]) -> Proc:
+        config = log_dir / f"{name}.yaml"
+        config.write_text(f"upstreams:\n  - name: bench\n    urls: [{upstream}]\nstore:\n  url: {store}\n")
+        port = free_port()
+        argv = [python, *extra, "-m", "proxy", "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+        return Proc(name, argv, port, pinning.prefix(pinning.test_cpu), log_dir)
+
     try:
         up_port = free_port()
         procs["upstream"] = Proc("upstream", [python, "-m", "tests.bench.upstream", "--port", str(up_port)], up_port, pinning.prefix(pinning.load_cpu), log_dir)
@@ -136,19 +173,24 @@ def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> d
         up = procs["upstream"].url
         port = free_port()
         procs["baseline"] = Proc("baseline", [python, "-m", "tests.bench.passthrough", "--upstream", up, "--port", str(port)], port, pinning.prefix(pinning.test_cpu), log_dir)
-        port = free_port()
-        argv = [python, *(["-m", "cProfile", "-o", str(profile)] if profile else []), "-m", "proxy", "--upstream", up, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-        procs["proxy"] = Proc("proxy", argv, port, pinning.prefix(pinning.test_cpu), log_dir)
-        procs["baseline"].wait_healthy()
-        procs["proxy"].wait_healthy()
+        database = log_dir / "responses.db"
+        for stale in log_dir.glob("responses.db*"):
+            stale.unlink()
+        procs["proxy"] = proxy("proxy", f"sqlite:{database}", up, ["-m", "cProfile", "-o", str(profile)] if profile else [])
+        if shutil.which("redis-server"):
+            redis = procs["redis"] = Redis(pinning.prefix(pinning.load_cpu), log_dir)
+            procs["proxy-redis"] = proxy("proxy-redis", redis.url, up, [])
+        for proc in procs.values():
+            if isinstance(proc, Proc):
+                proc.wait_healthy()
     except BaseException:
         stop_all(procs)
         raise
     return procs
 
 
-def stop_all(procs: dict[str, Proc]) -> None:
-    for proc in procs.values():
+def stop_all(procs: dict[str, Proc | Redis]) -> None:
+    for proc in reversed(procs.values()):
         proc.stop()
 
 

@@ -1,4 +1,4 @@
-"""Chunks recognised by their shape (design.md 7.1): what the fast path reads is what a full
+"""Chunks recognised by their shape (design.md 7.4): what the fast path reads is what a full
 decode reads, for any text, any scores and every dialect."""
 
 from __future__ import annotations
