@@ -161,7 +161,9 @@ def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> d
 
     def proxy(name: str, store: str, upstream: str, extra: list[str]) -> Proc:
         config = log_dir / f"{name}.yaml"
-        config.write_text(f"upstreams:\n  - name: bench\n    urls: [{upstream}]\nstore:\n  url: {store}\n")
+        # The background measure runs as many streams at once as the others: above the default caps.
+        caps = "background:\n  max_running: 1000\n  max_running_per_key: 1000\n"
+        config.write_text(f"upstreams:\n  - name: bench\n    urls: [{upstream}]\nstore:\n  url: {store}\n{caps}")
         port = free_port()
         argv = [python, *extra, "-m", "proxy", "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
         return Proc(name, argv, port, pinning.prefix(pinning.test_cpu), log_dir)
