@@ -117,9 +117,10 @@ class ChunkShape:
         self._tail = tail
 
     @classmethod
-    def learn(cls, payload: bytes, chunk: Chunk) -> ChunkShape | None:
-        """The shape of `payload` (decoded: `chunk`), if it is one text with or without scores
-        after it, each found once in its bytes (the scores' tokens may repeat the text)."""
+    def learn(cls, payload: bytes, chunk: Chunk, scores_wanted: bool) -> ChunkShape | None:
+        """The shape of `payload` (decoded: `chunk`), if it is one text with scores after it
+        when they are wanted, without when not, each found once in its bytes (the scores'
+        tokens may repeat the text)."""
         if chunk.usage is not None or chunk.error is not None or not chunk.choices or len(chunk.choices) != 1:
             return None
         choice = chunk.choices[0]
@@ -131,6 +132,8 @@ class ChunkShape:
             return None
         text = orjson.dumps(texts[0])
         scores = bytes(choice.logprobs.content) if choice.logprobs is not None and choice.logprobs.content else b""
+        if bool(scores) != scores_wanted:
+            return None
         at = payload.find(scores) if scores else len(payload)
         if at < 0 or (scores and payload.find(scores, at + 1) >= 0):
             return None
@@ -141,12 +144,13 @@ class ChunkShape:
         middle = payload[end:at] if scores else None
         return cls(not delta.content, payload[:start], middle, payload[at + len(scores) if scores else end :])
 
-    def match(self, payload: bytes) -> tuple[str, bytes, bytes] | None:
-        """The text, as a string and as its JSON, and the scores' JSON (b"" when the shape has
-        none) of a payload of this shape; None for any other payload."""
+    def match(self, payload: bytes) -> tuple[str, bytes] | None:
+        """The text and the bytes in the scores' place (b"" when the shape has none) of a
+        payload of this shape; None for any other payload. Those bytes still have to pass the
+        score check to be one JSON array (`ScoreBuffer.add_exact`)."""
         start, tail = len(self._head), self._tail
-        if not payload.startswith(self._head) or not payload.endswith(tail) or payload[start : start + 1] != b'"':
-            return None
+        if len(payload) <= start or payload[start] != 34 or not payload.startswith(self._head) or not payload.endswith(tail):
+            return None  # (34: a quote)
         end = start
         while True:  # the closing quote: one not escaped, so after an even run of backslashes
             end = payload.find(b'"', end + 1)
@@ -158,7 +162,6 @@ class ChunkShape:
             if (end - before) % 2:
                 break
         end += 1
-        text_json = payload[start:end]
         stop = len(payload) - len(tail)
         if self._middle is None:
             if end != stop:
@@ -170,10 +173,10 @@ class ChunkShape:
                 return None
             scores = payload[at:stop]
         try:
-            text = orjson.loads(text_json)
+            text = orjson.loads(payload[start:end])
         except orjson.JSONDecodeError:
             return None
-        return text, text_json, scores
+        return text, scores
 
 
 def upstream_error(body: bytes, status: int | None = None) -> ProxyError:

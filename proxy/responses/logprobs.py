@@ -55,11 +55,28 @@ def response_scores(content: bytes) -> tuple[bytes, int]:
 
     A chat entry and a Responses entry have the same four keys (design.md 3.5), so entries that
     hold exactly those, nothing null and no zero probability (what SGLang and vLLM send) pass
-    through as the upstream's own bytes, checked by one typed decode: on the hottest path of
-    the proxy a score costs a check, not six dicts and an encode. llama.cpp adds a token `id`
-    to each: cut out of the bytes, it costs a substitution. Anything else is mapped entry by
-    entry.
+    through as the upstream's own bytes (`exact_scores`). Anything else is mapped entry by entry.
     """
+    exact = exact_scores(content)
+    if exact is not None:
+        return exact
+    try:
+        entries = _decode_any(content)
+    except msgspec.MsgspecError as exc:
+        raise UpstreamProtocolError(f"unreadable upstream logprobs: {exc}") from None
+    return b"[%s]" % b",".join(orjson.dumps(_mapped(entry)) for entry in entries or ()), len(entries or ())
+
+
+def exact_scores(content: bytes) -> tuple[bytes, int] | None:
+    """`content` as it came and its number of entries, if it is one JSON array of entries that
+    already are Responses scores (design.md 3.5): checked by one typed decode, so that on the
+    hottest path of the proxy a score costs a check, not six dicts and an encode. llama.cpp adds
+    a token `id` to each: cut out of the bytes, it costs a substitution. An array split over
+    lines (a multi-line `data:` field) is not passed on as it is: its line breaks would end the
+    event that carries it. None for anything else."""
+    content = content.strip()
+    if content.find(b"\n") >= 0 or content.find(b"\r") >= 0:
+        return None
     try:
         return content, len(_decode_exact(content))
     except msgspec.MsgspecError:
@@ -70,11 +87,7 @@ def response_scores(content: bytes) -> tuple[bytes, int]:
             return content, len(_decode_exact(content))
         except msgspec.MsgspecError:
             pass
-    try:
-        entries = _decode_any(content)
-    except msgspec.MsgspecError as exc:
-        raise UpstreamProtocolError(f"unreadable upstream logprobs: {exc}") from None
-    return b"[%s]" % b",".join(orjson.dumps(_mapped(entry)) for entry in entries or ()), len(entries or ())
+    return None
 
 
 class ScoreBuffer:
@@ -92,7 +105,17 @@ class ScoreBuffer:
 
     def add(self, content: bytes) -> None:
         """A chat `logprobs.content` array, as its bytes."""
-        array, count = response_scores(content)
+        self._keep(*response_scores(content))
+
+    def add_exact(self, content: bytes) -> bool:
+        """As `add`, for scores that need no mapping (`exact_scores`); False, and nothing kept,
+        for any other bytes: the chunk they came in is then decoded in full (design.md 7.4)."""
+        exact = exact_scores(content)
+        if exact is not None:
+            self._keep(*exact)
+        return exact is not None
+
+    def _keep(self, array: bytes, count: int) -> None:
         if count:
             self._arrays.append(array)
             self.count += count

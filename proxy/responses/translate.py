@@ -191,12 +191,10 @@ class ResponseTranslator:
         shape = self._shape
         if shape is not None:
             found = shape.match(payload)
-            if found is not None:
-                text, text_json, scores = found
-                if scores and self._logprobs:
-                    self._scores.add(scores)
+            if found is not None and (not found[1] or self._scores.add_exact(found[1])):
+                text = found[0]
                 if text:
-                    (self._reasoning if shape.reasoning else self._text)(text, text_json)
+                    (self._reasoning if shape.reasoning else self._text)(text)
                 return
         if payload == b"[DONE]":
             self._end()
@@ -210,7 +208,7 @@ class ResponseTranslator:
             return
         self._apply(chunk)
         if self._streaming:
-            self._shape = ChunkShape.learn(payload, chunk)
+            self._shape = ChunkShape.learn(payload, chunk, self._logprobs)
 
     def _apply(self, chunk: Chunk) -> None:
         if chunk.usage is not None:
@@ -231,13 +229,13 @@ class ResponseTranslator:
     def _delta(self, delta: Delta) -> None:
         reasoning = delta.reasoning or delta.reasoning_content
         if reasoning:
-            self._reasoning(reasoning, orjson.dumps(reasoning))
+            self._reasoning(reasoning)
         if delta.content:
-            self._text(delta.content, orjson.dumps(delta.content))
+            self._text(delta.content)
         for position, tool_call in enumerate(delta.tool_calls or ()):
             self._tool_call(position, tool_call)
 
-    def _reasoning(self, text: str, text_json: bytes) -> None:
+    def _reasoning(self, text: str) -> None:
         item = self._current
         if item is None or item.item["type"] != "reasoning":
             self._close_current()
@@ -249,17 +247,18 @@ class ResponseTranslator:
                 self._emit_summary_part("response.reasoning_summary_part.added", item, "")
         item.parts.append(text)
         self._generating = item
-        self._emit_delta(item, "response.reasoning_text.delta", "content_index", text_json)
+        delta = orjson.dumps(text)
+        self._emit_delta(item, "response.reasoning_text.delta", "content_index", delta)
         if self._call.summary:
-            self._emit_delta(item, "response.reasoning_summary_text.delta", "summary_index", text_json)
+            self._emit_delta(item, "response.reasoning_summary_text.delta", "summary_index", delta)
 
-    def _text(self, text: str, text_json: bytes) -> None:
+    def _text(self, text: str) -> None:
         if self._current is not None:
             self._close_current()
         message = self._message or self._open_message()
         message.parts.append(text)
         self._generating = message
-        self._emit_delta(message, "response.output_text.delta", "content_index", text_json, b',"logprobs":' + self._scores.take())
+        self._emit_delta(message, "response.output_text.delta", "content_index", orjson.dumps(text), b',"logprobs":' + self._scores.take())
 
     def _tool_call(self, position: int, delta: ToolCallDelta) -> None:
         index = position if delta.index is None else delta.index

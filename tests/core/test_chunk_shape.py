@@ -21,7 +21,7 @@ def frame_of(chunk: dict) -> bytes:
 
 def shape_of(chunk: dict) -> ChunkShape:
     payload = frame_of(chunk)
-    shape = ChunkShape.learn(payload, decode_chunk(payload))
+    shape = ChunkShape.learn(payload, decode_chunk(payload), True)
     assert shape is not None
     return shape
 
@@ -50,7 +50,7 @@ def test_the_fast_path_reads_what_a_full_decode_reads(steps: list[tuple[str, str
     call = plan(logprobs)
     fast = translate(call, [body])[1]
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ChunkShape, "learn", classmethod(lambda cls, payload, chunk: None))
+        patch.setattr(ChunkShape, "learn", classmethod(lambda cls, payload, chunk, scores_wanted: None))
         full = translate(call, [body])[1]
     assert fast == full
 
@@ -70,13 +70,13 @@ def test_any_text_is_read_whole(text: str) -> None:
     scores = [score(text, -1.0, top=1)]
     shape = shape_of(text_chunk("first", [score("first", top=1)]))
     payload = frame_of(text_chunk(text, scores))
-    assert shape.match(payload) == (text, orjson.dumps(text), orjson.dumps(scores))
+    assert shape.match(payload) == (text, orjson.dumps(scores))
 
 
-def test_a_text_with_escapes_of_its_own_is_read_as_it_was_written() -> None:
+def test_a_text_with_escapes_of_its_own_is_read_as_it_says() -> None:
     shape = shape_of(text_chunk("first", [score("first")]))
     payload = frame_of(text_chunk("first", [score("x")])).replace(b'"first"', b'"\\u00e9\\/"', 1)
-    assert shape.match(payload) == ("é/", b'"\\u00e9\\/"', orjson.dumps([score("x")]))
+    assert shape.match(payload) == ("é/", orjson.dumps([score("x")]))
 
 
 @pytest.mark.parametrize(
@@ -107,4 +107,37 @@ def test_a_text_found_twice_teaches_no_shape() -> None:
     """The text's place must be certain: a chunk whose text also stands elsewhere before the
     scores (here the model's name) is decoded in full, and so is the next."""
     payload = frame_of({**text_chunk("bench", [score("bench")]), "model": "bench"})
-    assert ChunkShape.learn(payload, decode_chunk(payload)) is None
+    assert ChunkShape.learn(payload, decode_chunk(payload), True) is None
+
+
+def full_and_fast(chunks: list[dict], logprobs: bool, nl: str = "\n") -> tuple[list[dict], list[dict]]:
+    """The events of a stream read with shapes, and without."""
+    body = sse(chunks, nl=nl)
+    fast = translate(plan(logprobs), [body])[1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChunkShape, "learn", classmethod(lambda cls, payload, chunk, scores_wanted: None))
+        full = translate(plan(logprobs), [body])[1]
+    return fast, full
+
+
+@pytest.mark.parametrize("logprobs", [True, False])
+def test_more_than_the_shape_between_its_bytes_is_decoded_in_full(logprobs: bool) -> None:
+    """A payload that starts and ends as the shape but holds more in the scores' place (here a
+    second choice, after the first choice's finish) is no match: its finish is read."""
+    first, second = text_chunk("a", [score("a")]), text_chunk("b", [score("b")])
+    other = {**second["choices"][0], "index": 1}
+    two = {**second, "choices": [{**second["choices"][0], "finish_reason": "length"}, other]}
+    fast, full = full_and_fast([first, two], logprobs)
+    assert fast == full
+    assert fast[-1]["type"] == "response.incomplete"
+
+
+def test_scores_over_several_lines_go_out_on_one() -> None:
+    """A chunk written as a multi-line `data:` field: its scores hold line breaks, which must
+    not reach an event (they would end it)."""
+    chunks = [text_chunk(w, [score(w, top=2), score(w + "!", top=1)]) for w in ("a", "b", "c")]
+    frames = b"".join(b"data: " + orjson.dumps(c, option=orjson.OPT_INDENT_2).replace(b"\n", b"\ndata: ") + b"\n\n" for c in chunks)
+    events = translate(plan(True), [frames + b"data: [DONE]\n\n"])[1]
+    deltas = [e for e in events if e["type"] == "response.output_text.delta"]
+    assert [d["delta"] for d in deltas] == ["a", "b", "c"]
+    assert [s["token"] for d in deltas for s in d["logprobs"]] == ["a", "a!", "b", "b!", "c", "c!"]
