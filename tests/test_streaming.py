@@ -150,3 +150,28 @@ async def test_stalled_upstream_times_out(upstream: FakeUpstream, start_proxy, h
         assert run.logprobs == everything[: len(run.logprobs)] and len(run.logprobs) < len(everything)
     # The stalled upstream request is given up, not left hanging.
     await asyncio.wait_for(upstream.disconnected.wait(), 2.0)
+
+
+async def test_a_stream_is_one_write_per_upstream_read_with_its_headers_and_its_end(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """design.md 4.10: the headers leave with the first events, the body's end with the last
+    ones; no write carries only headers or only the end of the chunked body."""
+    port = int(proxy.rsplit(":", 1)[1])
+    writes: list[bytes] = []
+    transport_type = asyncio.selector_events._SelectorSocketTransport  # type: ignore[attr-defined]
+    write, writelines = transport_type.write, transport_type.writelines
+
+    def seen(transport: asyncio.Transport, data: bytes) -> None:
+        if transport.get_extra_info("sockname")[1] == port:  # the proxy's side of the client's connection
+            writes.append(bytes(data))
+
+    monkeypatch.setattr(transport_type, "write", lambda self, data: (seen(self, data), write(self, data))[1])
+    monkeypatch.setattr(transport_type, "writelines", lambda self, chunks: (seen(self, b"".join(chunks)), writelines(self, chunks))[1])
+    upstream.script(Reply(seed(), delay=0.02))
+    await checked_stream(http, proxy, BODY, 5.0)
+    assert len(writes) >= 4, writes  # the start, one per upstream read (three at least), the end
+    first, last = writes[0], writes[-1]
+    assert first.startswith(b"HTTP/1.1 200") and b"response.created" in first and b"response.in_progress" in first
+    assert b"response.completed" in last and last.endswith(b"data: [DONE]\n\n\r\n0\r\n\r\n")
+    assert all(b"data: " in w for w in writes)  # none of only headers, or only the body's end

@@ -13,9 +13,8 @@ from ..appkeys import OWNER, RUNTIME
 from ..background import BackgroundRuns, Post, Record, is_terminal
 from ..errors import InvalidRequest
 from ..responses.translate import ResponseTranslator
-from .common import json_response, stored_record
+from .common import SSE_HEADERS, json_response, stored_record
 
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE = b": keepalive\n\n"
 _FINAL = ("completed", "failed", "incomplete", "cancelled")
 
@@ -52,11 +51,11 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
             await runs.end_if_lost(id, request[OWNER])  # its holder may have died meanwhile
             continue
         after = events[-1][0]
-        await response.write(b"".join(event + b"\n\n" for _, event in events))
+        data = b"".join(event + b"\n\n" for _, event in events)
         if is_terminal(events[-1][1]):
-            await response.write(b"data: [DONE]\n\n")
-            await response.write_eof()
+            await response.write_eof(data + b"data: [DONE]\n\n")  # in one write (design.md 4.10)
             return response
+        await response.write(data)
 
 
 async def current(request: web.Request, response: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from ..errors import InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout, 
 from ..store import ResponseStore, StoredResponse
 from ..upstream.client import UpstreamClient
 
+SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
 # zlib's window bits for each Content-Encoding: gzip with its header and trailer checked;
 # deflate as the zlib stream HTTP means by it (or gzip: zlib tells them apart).
@@ -150,3 +151,14 @@ async def stored_record(request: web.Request, id: str) -> StoredResponse:
 
 def json_response(data: Any) -> web.Response:
     return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+
+class EventStream(web.StreamResponse):
+    """An SSE response whose headers wait for its first events, to leave in the same write
+    (design.md 4.10): for a stream that has events to write as soon as it starts. aiohttp's
+    `Response` buffers its headers the same way; should the attribute go, headers go first."""
+
+    _send_headers_immediately = False
+
+    def __init__(self) -> None:
+        super().__init__(headers=SSE_HEADERS)

@@ -21,11 +21,10 @@ from ..responses.sealing import Sealer
 from ..responses.translate import ResponseTranslator, translate_completion
 from ..upstream.client import Exchange
 from . import background
-from .common import find_target, load_json, read_body, upstream_headers
+from .common import EventStream, find_target, load_json, read_body, upstream_headers
 from .stored import read_history, record_of
 
 CHAT_PATH = "/v1/chat/completions"
-SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE = b": keepalive\n\n"
 # Keeps a finished response before its last event leaves, so that a client that chains at once
 # never races the write (design.md 9.2).
@@ -106,7 +105,7 @@ async def _stream(
     request: web.Request, translator: ResponseTranslator, exchange: Exchange, started: float, keep: Keep
 ) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     metrics = request.app[RUNTIME].metrics
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    response = EventStream()
     await response.prepare(request)
 
     def first_token() -> None:
@@ -117,8 +116,6 @@ async def _stream(
     metrics.streams.inc()
     try:
         whole = await _relay(watch, translator, exchange, first_token, keep)
-        watch.stop()
-        await response.write_eof()
     except ConnectionResetError:
         whole = False  # the client left before aiohttp cancelled us; leaving closes the upstream
     finally:
@@ -131,27 +128,30 @@ async def _stream(
 
 
 async def _relay(watch: _ClientWatch, translator: ResponseTranslator, exchange: Exchange, first_token: Callable[[], None], keep: Keep) -> bool:
-    """One client write per upstream read, until the terminal event (design.md 4.10). False
-    when the upstream broke off, so there is nothing left to drain."""
+    """One client write per upstream read, the last with the end of the body, until the
+    terminal event (design.md 4.10). False when the upstream broke off, so there is nothing
+    left to drain."""
     await watch.write(translator.start())
     waiting = True
-    while translator.response is None:
+    while True:
         try:
             data = await exchange.read_chunk()
         except ProxyError as error:
             events = translator.fail(error)
             await _keep_finished(translator, keep)
-            await watch.write(events)
+            await watch.write(events, last=True)
             return False
         events = translator.feed(data) if data else translator.finish()
         if translator.response is not None:
             await keep(translator.response)
-        if events:
+            await watch.write(events, last=True)
+        elif events:
             await watch.write(events)
         if waiting and translator.generating:
             waiting = False
             first_token()
-    return True
+        if translator.response is not None:
+            return True
 
 
 def _log_failure(request: web.Request, translator: ResponseTranslator) -> None:
@@ -170,12 +170,11 @@ async def _failed_stream(
     request: web.Request, translator: ResponseTranslator, error: ProxyError, keep: Keep
 ) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     """An error the client acts on from the event (design.md 8.7), as a stream of its own."""
-    response = web.StreamResponse(headers=SSE_HEADERS)
+    response = EventStream()
     await response.prepare(request)
     events = translator.start() + translator.fail(error)
     await _keep_finished(translator, keep)
-    await response.write(events)
-    await response.write_eof()
+    await response.write_eof(events)
     return response, translator.response
 
 
@@ -201,10 +200,10 @@ class _ClientWatch:
         self._beat: asyncio.Task[None] | None = None
         self._timer: asyncio.TimerHandle | None = self._loop.call_at(self._due(self._last), self._check)
 
-    async def write(self, data: bytes) -> None:
+    async def write(self, data: bytes, last: bool = False) -> None:
         self._writing_since = self._loop.time()
         try:
-            await self._response.write(data)
+            await (self._response.write_eof(data) if last else self._response.write(data))
         finally:
             self._writing_since = None
             self._last = self._loop.time()
@@ -243,5 +242,7 @@ class _ClientWatch:
         self._timer = self._loop.call_at(max(self._due(now), now + 0.01), self._check)
 
     async def _send_keepalive(self) -> None:
+        if self._writing_since is not None:  # the relay began a write, maybe its last, meanwhile
+            return
         with contextlib.suppress(ConnectionError):  # the client left: the relay finds out too
             await self.write(KEEPALIVE)
