@@ -13,9 +13,8 @@ from ..appkeys import OWNER, RUNTIME
 from ..background import BackgroundRuns, Post, Record, is_terminal
 from ..errors import InvalidRequest
 from ..responses.translate import ResponseTranslator
-from .common import SSE_HEADERS, json_response, stored_record
+from .common import KEEPALIVE, SSE_HEADERS, json_response, stored_record
 
-KEEPALIVE = b": keepalive\n\n"
 _FINAL = ("completed", "failed", "incomplete", "cancelled")
 
 

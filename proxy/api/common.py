@@ -17,6 +17,7 @@ from ..store import ResponseStore, StoredResponse
 from ..upstream.client import UpstreamClient
 
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+KEEPALIVE = b": keepalive\n\n"  # an SSE comment: clients skip it, idle timers see bytes
 _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
 # zlib's window bits for each Content-Encoding: gzip with its header and trailer checked;
 # deflate as the zlib stream HTTP means by it (or gzip: zlib tells them apart).

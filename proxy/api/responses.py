@@ -21,11 +21,10 @@ from ..responses.sealing import Sealer
 from ..responses.translate import ResponseTranslator, translate_completion
 from ..upstream.client import Exchange
 from . import background
-from .common import EventStream, find_target, load_json, read_body, upstream_headers
+from .common import KEEPALIVE, EventStream, find_target, load_json, read_body, upstream_headers
 from .stored import read_history, record_of
 
 CHAT_PATH = "/v1/chat/completions"
-KEEPALIVE = b": keepalive\n\n"
 # Keeps a finished response before its last event leaves, so that a client that chains at once
 # never races the write (design.md 9.2).
 Keep = Callable[[dict[str, Any]], Awaitable[object]]
@@ -142,15 +141,15 @@ async def _relay(watch: _ClientWatch, translator: ResponseTranslator, exchange: 
             await watch.write(events, last=True)
             return False
         events = translator.feed(data) if data else translator.finish()
-        if translator.response is not None:
-            await keep(translator.response)
-            await watch.write(events, last=True)
-        elif events:
-            await watch.write(events)
+        finished = translator.response
+        if finished is not None:
+            await keep(finished)
+        if events or finished is not None:
+            await watch.write(events, last=finished is not None)
         if waiting and translator.generating:
             waiting = False
             first_token()
-        if translator.response is not None:
+        if finished is not None:
             return True
 
 
