@@ -1,0 +1,109 @@
+"""`python -m tests.bench.memory [--streams 200]`: where an open stream's memory goes.
+
+The proxy runs under tracemalloc; N streams of 40 chunks at 10 chunks/s (the RSS row of
+`make bench`) are opened, and the proxy's Python allocations at their 36th chunk are compared
+with those before them, per allocation site, per stream. The sites are one frame deep: the line
+that allocated, in the proxy or in a library.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+import tempfile
+import time
+import tracemalloc
+from pathlib import Path
+
+import aiohttp
+
+from . import procs
+
+CHUNKS, PACE = 40, 10
+
+
+def serve(snapshots: Path, proxy_args: list[str]) -> int:
+    """The proxy, traced; each SIGUSR1 writes a snapshot to the next numbered file."""
+    from proxy.cli import main
+
+    tracemalloc.start(1)
+    taken = 0
+
+    def dump(*_: object) -> None:
+        nonlocal taken
+        tracemalloc.take_snapshot().dump(str(snapshots / f"{taken}.snapshot"))
+        taken += 1
+
+    signal.signal(signal.SIGUSR1, dump)
+    return main(proxy_args)
+
+
+async def open_streams(url: str, proxy: procs.Proc, streams: int) -> None:
+    body = {"input": "hi", "top_logprobs": 5, "include": ["message.output_text.logprobs"], "store": False, "stream": True}
+
+    async def one(session: aiohttp.ClientSession, model: str) -> None:
+        async with session.post(f"{url}/v1/responses", json={**body, "model": model}) as response:
+            async for _ in response.content.iter_any():
+                pass
+
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as session:
+        # Unpaced first, so that pools, caches and the allocator's arenas are as a warm proxy's.
+        await asyncio.gather(*(one(session, f"bench:n={CHUNKS},k=1") for _ in range(streams)))
+        await asyncio.sleep(0.5)
+        proxy.popen.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(1)
+        paced = [asyncio.create_task(one(session, f"bench:n={CHUNKS},k=1,pace={PACE}")) for _ in range(streams)]
+        await asyncio.sleep((CHUNKS - 4) / PACE)
+        proxy.popen.send_signal(signal.SIGUSR1)
+        await asyncio.sleep(1)
+        await asyncio.gather(*paced)
+
+
+def report(snapshots: Path, streams: int, top: int) -> None:
+    before = tracemalloc.Snapshot.load(str(snapshots / "0.snapshot"))
+    during = tracemalloc.Snapshot.load(str(snapshots / "1.snapshot"))
+    sites = during.compare_to(before, "lineno")
+    total = sum(site.size_diff for site in sites)
+    print(f"Python allocations per open stream at chunk {CHUNKS - 4} of {CHUNKS}: {total / streams / 1024:.1f} kB")
+    packages = str(Path(aiohttp.__file__).parents[1]) + "/"
+    root = str(Path(__file__).resolve().parents[2]) + "/"
+    for site in sites[:top]:
+        frame = site.traceback[0]
+        where = frame.filename.replace(packages, "").replace(root, "")
+        print(f"{site.size_diff / streams:8.0f} B {site.count_diff / streams:6.1f} blocks  {where}:{frame.lineno}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.memory", description=__doc__.split("\n")[0])
+    parser.add_argument("--streams", type=int, default=200)
+    parser.add_argument("--top", type=int, default=20, help="how many allocation sites to list")
+    parser.add_argument("--serve", metavar="DIR", help=argparse.SUPPRESS)  # the traced proxy's side
+    args, rest = parser.parse_known_args(argv)
+    if args.serve:
+        return serve(Path(args.serve), rest)
+    procs.raise_nofile()
+    with tempfile.TemporaryDirectory() as work:
+        folder = Path(work)
+        upstream_port, port = procs.free_port(), procs.free_port()
+        upstream = procs.Proc("upstream", [sys.executable, "-m", "tests.bench.upstream", "--port", str(upstream_port)], upstream_port, [], folder)
+        config = folder / "proxy.yaml"
+        config.write_text(f"upstreams:\n  - name: bench\n    urls: [{upstream.url}]\nstore:\n  url: none\n")
+        argv = [sys.executable, "-m", "tests.bench.memory", "--serve", work, "--config", str(config), "--port", str(port), "--log-level", "warning"]
+        proxy = procs.Proc("proxy", argv, port, [], folder)
+        try:
+            upstream.wait_healthy()
+            proxy.wait_healthy()
+            started = time.monotonic()
+            asyncio.run(open_streams(proxy.url, proxy, args.streams))
+            report(folder, args.streams, args.top)
+            print(f"({time.monotonic() - started:.1f} s)")
+        finally:
+            proxy.stop()
+            upstream.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
