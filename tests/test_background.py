@@ -154,6 +154,43 @@ async def test_caps_on_running_responses(upstream: FakeUpstream, start_proxy, ht
     assert status == 200  # a place came free
 
 
+async def test_the_cap_of_all_keys_together(upstream: FakeUpstream, start_proxy, store: dict[str, Any]) -> None:
+    """`max_running` counts every key's runs: a key under its own cap is refused once all the
+    keys together reach it (design.md 10.5)."""
+    config = replica_config(upstream, store, background={"max_running": 2, "max_running_per_key": 2}, auth={"api_keys": ["sk-a", "sk-b"]})
+    url = await start_proxy(config)
+    upstream.script(Reply(slow_text(), stall_after=3))
+    statuses = []
+    for key in ("sk-a", "sk-a", "sk-b"):
+        async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) as http:
+            status, _, raw = await post(http, url, {**BODY, "background": True})
+            statuses.append(status)
+    assert statuses == [200, 200, 429] and envelope(orjson.loads(raw), "rate_limit_exceeded")
+
+
+async def test_input_items_keep_their_ids_while_a_response_runs(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession) -> None:
+    """Items sent without ids get them once: the snapshots of a running response and its final
+    record list the same items under the same ids (design.md 9.3, 10.2)."""
+    one, other = replicas
+    upstream.script(Reply(slow_text(), delay=0.02))
+    messages = [{"role": "user", "content": "hi"}, {"role": "user", "content": "again"}]
+    _, _, raw = await post(http, one, {**BODY, "input": messages, "background": True})
+    id = orjson.loads(raw)["id"]
+
+    async def item_ids() -> list[str]:
+        async with http.get(f"{other}/v1/responses/{id}/input_items?order=asc") as response:
+            assert response.status == 200, await response.text()
+            return [item["id"] for item in (await response.json())["data"]]
+
+    seen = [await item_ids()]
+    async with asyncio.timeout(10):
+        while (await get(http, other, id))["status"] != "completed":
+            seen.append(await item_ids())
+            await asyncio.sleep(0.05)
+    seen.append(await item_ids())
+    assert len(seen) > 3 and len(seen[0]) == 2 and all(ids == seen[0] for ids in seen)
+
+
 async def test_background_needs_a_store_and_stores(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
     without = await start_proxy(replica_config(upstream, {"url": "none"}))
     status, _, raw = await post(http, without, {**BODY, "background": True})

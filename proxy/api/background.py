@@ -25,9 +25,10 @@ def runs_of(request: web.Request) -> BackgroundRuns:
     return runs
 
 
-async def start(request: web.Request, translator: ResponseTranslator, record: Record, post: Post, *, stored: bool, stream: bool) -> web.StreamResponse:
+async def start(request: web.Request, translator: ResponseTranslator, record: Record | None, post: Post, *, stream: bool) -> web.StreamResponse:
+    """`record`: how the response is kept; None for one that is not (`store: false`)."""
     runs = runs_of(request)
-    if not stored:
+    if record is None:
         raise InvalidRequest("A background response is stored: it cannot have store: false.", param="store")
     await runs.admit(request[OWNER])
     queued = await runs.start(translator, record, request[OWNER], post)

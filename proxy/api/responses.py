@@ -7,6 +7,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable
+from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import orjson
@@ -22,7 +23,7 @@ from ..responses.translate import ResponseTranslator, translate_completion
 from ..upstream.client import Exchange
 from . import background
 from .common import KEEPALIVE, EventStream, find_target, load_json, read_body, upstream_headers
-from .stored import read_history, record_of
+from .stored import read_history, recorder
 
 CHAT_PATH = "/v1/chat/completions"
 # Keeps a finished response before its last event leaves, so that a client that chains at once
@@ -45,22 +46,20 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
     _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
 
+    record = recorder(request, data, past) if stored else None
+
     async def keep(response: dict[str, Any]) -> None:
-        if store is not None and stored:
-            await store.save(record_of(request, data, past, response))
+        if store is not None and record is not None:
+            await store.save(record(response))
 
     translator = ResponseTranslator(call, request_id=request[REQUEST_ID], max_event=target.upstream.max_event_bytes)
+    def post() -> AbstractAsyncContextManager[Exchange]:
+        return client.post(CHAT_PATH, call.chat, upstream_headers(request))
+
     if call.background:
-        return await background.start(
-            request,
-            translator,
-            lambda response: record_of(request, data, past, response),
-            lambda: client.post(CHAT_PATH, call.chat, upstream_headers(request)),
-            stored=stored,
-            stream=call.stream,
-        )
+        return await background.start(request, translator, record, post, stream=call.stream)
     try:
-        async with client.post(CHAT_PATH, call.chat, upstream_headers(request)) as exchange:
+        async with post() as exchange:
             if call.stream:
                 response, output = await _stream(request, translator, exchange, started, keep)
             else:

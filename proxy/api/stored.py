@@ -11,6 +11,7 @@ import orjson
 from aiohttp import web
 
 from ..appkeys import OWNER, RUNTIME
+from ..background import Record
 from ..errors import InvalidRequest, NotFound
 from ..responses import history
 from ..responses.schema import CreateResponse
@@ -57,17 +58,23 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
     return History(history.expand(parsed, chain, referenced), ancestors, referenced)
 
 
-def record_of(request: web.Request, data: dict[str, Any], past: History, response: dict[str, Any]) -> StoredResponse:
-    """The record a finished response is kept as."""
-    items = history.stored_input(data["input"], past.referenced, new_id)
-    return StoredResponse(
-        id=response["id"],
-        owner=request[OWNER],
-        created_at=response["created_at"],
-        response=msgspec.Raw(orjson.dumps(response)),
-        input_items=msgspec.Raw(orjson.dumps(items)),
-        ancestors=past.ancestors,
-    )
+def recorder(request: web.Request, data: dict[str, Any], past: History) -> Record:
+    """How a request's response is kept: its input items encoded once, so that every record of
+    a response kept while it runs (design.md 10.2) names them by the same ids."""
+    input_items = msgspec.Raw(orjson.dumps(history.stored_input(data["input"], past.referenced, new_id)))
+    owner = request[OWNER]
+
+    def record(response: dict[str, Any]) -> StoredResponse:
+        return StoredResponse(
+            id=response["id"],
+            owner=owner,
+            created_at=response["created_at"],
+            response=msgspec.Raw(orjson.dumps(response)),
+            input_items=input_items,
+            ancestors=past.ancestors,
+        )
+
+    return record
 
 
 def _include(request: web.Request) -> list[str]:
