@@ -113,8 +113,11 @@ class BackgroundRuns:
             await events.write(translator.fail(stopped) if self._stopping else translator.cancel())
         finally:
             keeper.cancel()
-            with contextlib.suppress(StoreUnavailable):
-                await self._store.release(id)
+            # A run whose end the store could not take keeps its lease until it lapses: then
+            # 10.4 ends it, instead of leaving its followers waiting for an event never kept.
+            if await events.close(self._settings.lease):
+                with contextlib.suppress(StoreUnavailable):
+                    await self._store.release(id)
 
     async def _keep_lease(self, id: str, run: asyncio.Task[None]) -> None:
         """Renew the lease; stop the run when a client cancels it or the lease went to
@@ -186,6 +189,7 @@ class _EventLog:
         self._snapshot_at = self._loop.time()
         self._snapshot: asyncio.Task[None] | None = None  # one due later, for what came since
         self._waiting: list[tuple[int, bytes]] = []
+        self._final_kept = False
 
     async def write(self, data: bytes) -> None:
         events = [event for event in data.split(b"\n\n") if event and event != _DONE]
@@ -193,18 +197,38 @@ class _EventLog:
             return
         first = self._translator.sequence - len(events)
         self._waiting += [(first + i, event) for i, event in enumerate(events)]
-        final = self._translator.response
-        if final is not None:
+        if self._translator.response is not None:
             if self._snapshot is not None:
                 self._snapshot.cancel()
-            await self._store.save(self._record(final))
         elif self._snapshot is None or self._snapshot.done():
             self._snapshot = asyncio.create_task(self._save_progress())
-        try:
-            await self._store.append(self._id, self._waiting)
-        except StoreUnavailable:
-            return
-        self._waiting = []
+        await self._flush()
+
+    async def close(self, patience: float) -> bool:
+        """What the store could not take yet, tried again for up to `patience` seconds; whether
+        the whole run is kept."""
+        deadline = self._loop.time() + patience
+        while not await self._flush():
+            if self._loop.time() >= deadline:
+                return False
+            await asyncio.sleep(patience / 4)
+        return True
+
+    async def _flush(self) -> bool:
+        """The final response (before its terminal event), then the events waiting; whether
+        all of it is kept."""
+        final = self._translator.response
+        if final is not None and not self._final_kept:
+            self._final_kept = await self._store.save(self._record(final))
+            if not self._final_kept:
+                return False
+        if self._waiting:
+            try:
+                await self._store.append(self._id, self._waiting)
+            except StoreUnavailable:
+                return False
+            self._waiting = []
+        return True
 
     async def _save_progress(self) -> None:
         """The response as it stands, kept no sooner than `interval` after the last time: a

@@ -18,6 +18,7 @@ from tests.client import LOGPROBS, envelope, parse_sse, read_events, validate_re
 from tests.events import sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 from tests.harness import BODY, post
+from tests.redis_server import RedisServer
 
 WORDS = [f"w{i} " for i in range(30)]
 
@@ -189,6 +190,30 @@ async def test_input_items_keep_their_ids_while_a_response_runs(upstream: FakeUp
             await asyncio.sleep(0.05)
     seen.append(await item_ids())
     assert len(seen) > 3 and len(seen[0]) == 2 and all(ids == seen[0] for ids in seen)
+
+
+async def test_a_run_that_ends_while_the_store_is_down_is_kept_when_it_is_back(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path: Any
+) -> None:
+    """The events and the final response the store could not take are kept once it is back
+    (within a lease), so that a reader sees the run end (design.md 10.2)."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        config = replica_config(upstream, {"url": server.url, "timeout": 0.3}, background={"lease": 3.0})
+        url = await start_proxy(config)
+        gen = slow_text()
+        upstream.script(Reply(gen, delay=0.02))
+        _, _, raw = await post(http, url, {**BODY, "include": LOGPROBS, "background": True})
+        id = orjson.loads(raw)["id"]
+        server.stop()
+        await _until(lambda: bool(upstream.requests) and not upstream.active_streams)
+        server.start()  # back, empty: all it holds of the run is what the run still had to keep
+        final = await until_done(http, url, id)
+        assert final["status"] == "completed" and final["output"][0]["content"][0]["logprobs"] == sent_scores(gen.chunks())
+        assert parse_sse(await replay(http, url, id))[-1]["type"] == "response.completed"
+    finally:
+        server.stop()
 
 
 async def test_background_needs_a_store_and_stores(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
