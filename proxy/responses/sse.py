@@ -24,14 +24,17 @@ class SSEDecoder:
         self._max_event_size = max_event_size
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        whole: list[bytes] = []
         if not self._partial and not self._data and len(chunk) <= self._max_event_size:
-            events = _whole_events(chunk)
-            if events is not None:
-                return events
+            whole, stop = _whole_events(chunk)
+            if stop == len(chunk):
+                return whole
+            if stop:
+                chunk = chunk[stop:]  # from an event's start: nothing of the decoder's is unfinished
         end = chunk.rfind(b"\n") + 1
         if not end:
             self._hold(chunk)
-            return []
+            return whole
         if self._partial:
             self._partial.append(chunk[:end])
             text = b"".join(self._partial)
@@ -41,7 +44,7 @@ class SSEDecoder:
             text = chunk[:end] if end < len(chunk) else chunk
         if end < len(chunk):
             self._hold(chunk[end:])
-        return self._lines(text.split(b"\n"))
+        return whole + self._lines(text.split(b"\n"))
 
     def close(self) -> list[bytes]:
         """End of input: an event cut short of its blank line still counts."""
@@ -77,16 +80,17 @@ class SSEDecoder:
         return events
 
 
-def _whole_events(chunk: bytes) -> list[bytes] | None:
-    """The payloads of a chunk that holds nothing but whole one-line `data:` events ending in
-    `\n\n`, which is what an upstream writes nearly always; None for anything else. A newline
-    search per event, where the general way splits and walks every line (design.md 7.5)."""
+def _whole_events(chunk: bytes) -> tuple[list[bytes], int]:
+    """The payloads of the whole one-line `data:` events ending in `\n\n` that a chunk starts
+    with, and where they end: all of it, nearly always, as that is how upstreams write. A
+    newline search per event, where the general way splits and walks every line (design.md
+    7.5); what follows them (an event cut by the read, a comment, `\r\n`) goes the general way."""
     events = []
     start, size = 0, len(chunk)
     while start < size:
         end = chunk.find(b"\n", start)
         if end < 0 or chunk[end + 1 : end + 2] != b"\n" or chunk[start : start + 5] != b"data:" or chunk[end - 1] == 13:
-            return None
+            break
         events.append(chunk[start + 6 if chunk[start + 5] == 32 else start + 5 : end])
         start = end + 2
-    return events
+    return events, start

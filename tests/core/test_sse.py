@@ -83,6 +83,16 @@ class CountingBytes(bytes):
         return super().rfind(sub, *args)
 
 
+def test_whole_events_before_a_cut_are_split_by_their_newlines(monkeypatch: pytest.MonkeyPatch) -> None:
+    """design.md 7.5: a read that ends within an event hands only that event's bytes to the
+    line decoder; the whole events before it are found by a newline search each."""
+    monkeypatch.setattr(CountingBytes, "scanned", 0)
+    decoder = SSEDecoder()
+    assert decoder.feed(CountingBytes(b"data: a\n\ndata: b\n\ndata: c")) == [b"a", b"b"]
+    assert CountingBytes.scanned == 0  # the line decoder got the cut event alone, as a copy
+    assert decoder.feed(b"\n\n") == [b"c"]
+
+
 @pytest.mark.parametrize(
     ("size", "piece"),
     [(2 * 1024 * 1024 + 3, 64 * 1024), (200_000, 1)],
