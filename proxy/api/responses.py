@@ -19,7 +19,7 @@ from ..errors import ProxyError
 from ..responses.plan import TranslationSettings, plan_call
 from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
-from ..responses.translate import ResponseTranslator, translate_completion
+from ..responses.translate import ResponseTranslator
 from ..upstream.client import Exchange
 from . import background
 from .common import KEEPALIVE, EventStream, find_target, load_json, read_body, upstream_headers
@@ -52,7 +52,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         if store is not None and record is not None:
             await store.save(record(response))
 
-    translator = ResponseTranslator(call, request_id=request[REQUEST_ID], max_event=target.upstream.max_event_bytes)
+    # A background run keeps its events even when its client asked for none (design.md 10.2).
+    streaming = call.stream or call.background
+    translator = ResponseTranslator(call, streaming=streaming, request_id=request[REQUEST_ID], max_event=target.upstream.max_event_bytes)
     def post() -> AbstractAsyncContextManager[Exchange]:
         return client.post(CHAT_PATH, call.chat, upstream_headers(request))
 
@@ -63,7 +65,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             if call.stream:
                 response, output = await _stream(request, translator, exchange, started, keep)
             else:
-                output = translate_completion(call, await exchange.read_body())
+                output = translator.complete(await exchange.read_body())
                 await keep(output)
                 response = web.Response(body=orjson.dumps(output), content_type="application/json")
     except ProxyError as error:

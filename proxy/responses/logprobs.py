@@ -58,8 +58,10 @@ def response_scores(content: bytes) -> tuple[bytes, int]:
     through as the upstream's own bytes (`exact_scores`). Anything else is mapped entry by entry.
     """
     exact = exact_scores(content)
-    if exact is not None:
-        return exact
+    return exact if exact is not None else _mapped_scores(content)
+
+
+def _mapped_scores(content: bytes) -> tuple[bytes, int]:
     try:
         entries = _decode_any(content)
     except msgspec.MsgspecError as exc:
@@ -103,9 +105,11 @@ class ScoreBuffer:
         self._delivered = 0
         self.count = 0
 
-    def add(self, content: bytes) -> None:
-        """A chat `logprobs.content` array, as its bytes."""
-        self._keep(*response_scores(content))
+    def add(self, content: bytes) -> bool:
+        """A chat `logprobs.content` array, as its bytes; whether it needed no mapping."""
+        exact = exact_scores(content)
+        self._keep(*(exact if exact is not None else _mapped_scores(content)))
+        return exact is not None
 
     def add_exact(self, content: bytes) -> bool:
         """As `add`, for scores that need no mapping (`exact_scores`); False, and nothing kept,
@@ -122,6 +126,8 @@ class ScoreBuffer:
 
     def take(self) -> bytes:
         """The pending scores as a JSON array; from now on they are delivered."""
+        if self._delivered == len(self._arrays):
+            return b"[]"
         pending = self._arrays[self._delivered :]
         self._delivered = len(self._arrays)
         return pending[0] if len(pending) == 1 else _joined(pending)

@@ -176,14 +176,19 @@ class ResponseTranslator:
             self._terminate("response.failed", "cancelled")
         return self._flush()
 
-    def complete(self, body: bytes) -> None:
-        """A whole non-streaming chat completion: read as one chunk whose `message` is the
-        delta, then the end of input."""
+    def complete(self, body: bytes) -> dict[str, Any]:
+        """A whole non-streaming chat completion, read as one chunk whose `message` is the
+        delta, then the end of input: the Response, for orjson to encode (its scores are
+        pre-encoded `orjson.Fragment`s). An upstream failure raises."""
         try:
             self._payload(body)
         except ProxyError as error:
             self._fail(error)
         self._end()
+        if self.error is not None:
+            raise self.error
+        assert self.response is not None  # _end() always ends the response
+        return self.response
 
     # -- chunk handling --------------------------------------------------------------------
 
@@ -206,18 +211,21 @@ class ResponseTranslator:
         if chunk.error is not None or chunk.object == "error":
             self._fail(upstream_error(payload))
             return
-        self._apply(chunk)
+        exact = self._apply(chunk)
         if self._streaming:
-            self._shape = ChunkShape.learn(payload, chunk, self._logprobs)
+            # Scores that needed mapping would fail the shape's check on every later chunk.
+            self._shape = ChunkShape.learn(payload, chunk, self._logprobs) if exact else None
 
-    def _apply(self, chunk: Chunk) -> None:
+    def _apply(self, chunk: Chunk) -> bool:
+        """Whether the chunk's scores, if any, needed no mapping."""
+        exact = True
         if chunk.usage is not None:
             self._usage = chunk.usage
         for choice in chunk.choices or ():
             if choice.index != 0:
                 continue
             if self._logprobs and choice.logprobs is not None and choice.logprobs.content:
-                self._scores.add(bytes(choice.logprobs.content))
+                exact = self._scores.add(bytes(choice.logprobs.content))
             delta = choice.delta or choice.message
             if delta is not None:
                 self._delta(delta)
@@ -225,6 +233,7 @@ class ResponseTranslator:
                 self._finish_reason = choice.finish_reason
                 if choice.finish_reason == "abort":
                     self._fail(UpstreamError("the upstream aborted the generation"))
+        return exact
 
     def _delta(self, delta: Delta) -> None:
         reasoning = delta.reasoning or delta.reasoning_content
@@ -501,11 +510,5 @@ class ResponseTranslator:
 
 
 def translate_completion(call: Call, body: bytes, *, clock: Clock = time.time, ids: IdSource = new_id) -> dict[str, Any]:
-    """A non-streaming chat completion as a Response, for orjson to encode (its scores are
-    pre-encoded `orjson.Fragment`s); an upstream failure raises."""
-    translator = ResponseTranslator(call, streaming=False, clock=clock, ids=ids)
-    translator.complete(body)
-    if translator.error is not None:
-        raise translator.error
-    assert translator.response is not None  # complete() always ends the response
-    return translator.response
+    """A non-streaming chat completion as a Response (`ResponseTranslator.complete`)."""
+    return ResponseTranslator(call, streaming=False, clock=clock, ids=ids).complete(body)

@@ -141,3 +141,16 @@ def test_scores_over_several_lines_go_out_on_one() -> None:
     deltas = [e for e in events if e["type"] == "response.output_text.delta"]
     assert [d["delta"] for d in deltas] == ["a", "b", "c"]
     assert [s["token"] for d in deltas for s in d["logprobs"]] == ["a", "a!", "b", "b!", "c", "c!"]
+
+
+def test_scores_that_need_mapping_teach_no_shape(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shape learned from scores that were mapped (here a null logprob) would send every later
+    chunk through the exact check in vain before its full decode: none is learned."""
+    tried = []
+    match = ChunkShape.match
+    monkeypatch.setattr(ChunkShape, "match", lambda self, payload: tried.append(payload) or match(self, payload))
+    unmapped = [{**score(w), "logprob": None} for w in "abc"]
+    chunks = [text_chunk(w, [entry]) for w, entry in zip("abc", unmapped, strict=True)]
+    events = translate(plan(True), [sse(chunks)])[1]
+    assert [e["delta"] for e in events if e["type"] == "response.output_text.delta"] == ["a", "b", "c"]
+    assert tried == []
