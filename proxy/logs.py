@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import re
 import time
+from collections.abc import Mapping
 from typing import Any
 
 import orjson
@@ -27,10 +28,13 @@ class TextFormatter(logging.Formatter):
         super().__init__("%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     def format(self, record: logging.LogRecord) -> str:
-        if record.args:
+        args = record.args
+        if args:
             record = logging.makeLogRecord(vars(record))
-            args = record.args if isinstance(record.args, tuple) else (record.args,)
-            record.args = tuple(_escaped(arg) for arg in args)
+            if isinstance(args, Mapping):  # `%(name)s` arguments, as logging allows
+                record.args = {key: _escaped(value) for key, value in args.items()}
+            else:
+                record.args = tuple(_escaped(arg) for arg in args)
         return super().format(record)
 
 

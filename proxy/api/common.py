@@ -35,6 +35,7 @@ async def read_body(request: web.Request) -> bytes:
     decompressor = _decompressor(request.headers.get(hdrs.CONTENT_ENCODING, ""))
     if decompressor is None and (request.content_length or 0) > limit:
         raise too_large
+    cut = InvalidRequest("The compressed request body is cut short or followed by other data.")
     pieces: list[bytes] = []
     size = 0
 
@@ -45,6 +46,8 @@ async def read_body(request: web.Request) -> bytes:
             if size > limit:
                 raise too_large
             pieces.append(data)
+        if decompressor is not None and decompressor.unused_data:
+            raise cut  # at once: what follows the compressed stream is neither read nor kept
 
     content = request.content
     timeout = request.app[RUNTIME].config.connections.body_timeout
@@ -61,8 +64,8 @@ async def read_body(request: web.Request) -> bytes:
         raise InvalidRequest("The request body could not be decompressed: it is corrupt.") from None
     except TimeoutError:
         raise RequestTimeout(f"The request body did not arrive within {timeout:g} s.") from None
-    if decompressor is not None and (not decompressor.eof or decompressor.unused_data):
-        raise InvalidRequest("The compressed request body is cut short or followed by other data.")
+    if decompressor is not None and not decompressor.eof:
+        raise cut
     return b"".join(pieces)
 
 
