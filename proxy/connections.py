@@ -1,8 +1,8 @@
 """Client connections held to time and number (design.md 5.11).
 
-aiohttp bounds an idle keep-alive connection but not the first request of a new one: a client
-that sends its headers a byte at a time holds a file descriptor for as long as it likes, and
-enough of them lock every other client out. Each connection is wrapped: its first request's
+aiohttp closes a new connection whose first request never completes only after its keep-alive
+time (75 s): a client that sends its headers a byte at a time holds a file descriptor that long,
+and enough of them lock every other client out. Each connection is wrapped: its first request's
 headers must be complete within `header_timeout`, and past `max` connections a new one is
 closed at once (logged, a line a second at most). The open-file limit is raised to its hard
 limit at startup, and `max` defaults to half of it.
