@@ -24,7 +24,7 @@ import orjson
 
 from .config import Background
 from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
-from .responses.translate import ResponseTranslator
+from .responses.translate import ResponseTranslator, encoded_event
 from .store import ResponseStore, StoredResponse
 from .upstream.client import Exchange
 
@@ -68,7 +68,7 @@ class BackgroundRuns:
         await self._store.put(record(queued))
         await self._store.claim(queued["id"], owner, self.holder, self._settings.lease)
         id = queued["id"]
-        self._runs[id] = asyncio.create_task(self._run(translator, record, post))
+        self._runs[id] = asyncio.create_task(self._run(id, translator, record, post))
         self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
         return queued
 
@@ -89,8 +89,7 @@ class BackgroundRuns:
         if self._runs:
             await asyncio.wait(self._runs.values(), timeout=linger)
 
-    async def _run(self, translator: ResponseTranslator, record: Record, post: Post) -> None:
-        id = translator.progress()["id"]
+    async def _run(self, id: str, translator: ResponseTranslator, record: Record, post: Post) -> None:
         events = _EventLog(self._store, id, translator, record, self._settings.snapshot_interval)
         run = asyncio.current_task()
         assert run is not None
@@ -165,12 +164,8 @@ class BackgroundRuns:
             {"type": "response.failed", "response": response, "sequence_number": last + 2},
         ]
         await self._store.put(msgspec.structs.replace(kept, response=msgspec.Raw(orjson.dumps(response))))
-        await self._store.append(kept.id, [(event["sequence_number"], _encoded(event)) for event in ending])
+        await self._store.append(kept.id, [(event["sequence_number"], encoded_event(event)) for event in ending])
         log.warning("response %s: its worker stopped renewing its lease; %s ended it failed", kept.id, self.holder)
-
-
-def _encoded(event: dict[str, Any]) -> bytes:
-    return b"event: " + str(event["type"]).encode() + b"\ndata: " + orjson.dumps(event)
 
 
 class _EventLog:

@@ -82,7 +82,7 @@ class Runtime:
         for client, task in list(self._retiring.items()):
             task.cancel()
             await client.close()
-        if self.background is not None:
+        if self.background is not None:  # already stopped after a SIGTERM's drain: then at once
             await self.background.stop(linger=1.0)
         for client in self.clients.values():
             await client.close()

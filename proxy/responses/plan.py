@@ -24,7 +24,6 @@ from .schema import (
     HostedTool,
     HostedToolChoice,
     InputImage,
-    ItemReference,
     Message,
     Reasoning,
     ReasoningConfig,
@@ -216,9 +215,7 @@ class _Conversation:
         if request.instructions:
             self._system.append(request.instructions)
         items = [Message(role="user", content=request.input)] if isinstance(request.input, str) else request.input
-        for index, item in enumerate(items):
-            if isinstance(item, ItemReference):
-                raise InvalidRequest("An item_reference needs stored responses, and this proxy keeps none.", param=f"input[{index}]")
+        for item in items:  # item references were resolved with the history (design.md 9.4)
             self._item(item)
         self._flush_tool_images()
         if self._system:

@@ -501,12 +501,17 @@ class ResponseTranslator:
         fields["type"] = event
         fields["sequence_number"] = self._sequence
         self._sequence += 1
-        self._events.append(b"event: " + event.encode() + b"\ndata: " + orjson.dumps(fields) + b"\n\n")
+        self._events.append(encoded_event(fields) + b"\n\n")
 
     def _flush(self) -> bytes:
         data = b"".join(self._events)
         self._events.clear()
         return data
+
+
+def encoded_event(fields: dict[str, Any]) -> bytes:
+    """An event as SSE, but for the blank line that ends it (design.md 4.1)."""
+    return b"event: " + str(fields["type"]).encode() + b"\ndata: " + orjson.dumps(fields)
 
 
 def translate_completion(call: Call, body: bytes, *, clock: Clock = time.time, ids: IdSource = new_id) -> dict[str, Any]:

@@ -98,8 +98,8 @@ class Backend(Protocol):
         """The run ended: its response is final."""
         ...
 
-    async def cancel(self, id: str) -> bool:
-        """Ask the run to stop; whether one is running."""
+    async def cancel(self, id: str) -> None:
+        """Ask the run to stop, if one is running."""
         ...
 
     async def running(self, owner: str) -> tuple[int, int]:
@@ -174,8 +174,8 @@ class ResponseStore:
     async def release(self, id: str) -> None:
         await self._guard("release", self.backend.release(id))
 
-    async def cancel(self, id: str) -> bool:
-        return await self._guard("cancel", self.backend.cancel(id))
+    async def cancel(self, id: str) -> None:
+        await self._guard("cancel", self.backend.cancel(id))
 
     async def running(self, owner: str) -> tuple[int, int]:
         return await self._guard("running", self.backend.running(owner))

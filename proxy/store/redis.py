@@ -156,27 +156,28 @@ class RedisBackend:
             pipe.zrem(self._runs, id)
             await pipe.execute()
 
-    async def cancel(self, id: str) -> bool:
-        if not await self._redis.exists(self._run_key(id)):
-            return False
-        await self._redis.hset(self._run_key(id), "cancel", "1")
-        return True
+    async def cancel(self, id: str) -> None:
+        if await self._redis.exists(self._run_key(id)):  # a flag alone would make a stray run hash
+            await self._redis.hset(self._run_key(id), "cancel", "1")
 
     async def running(self, owner: str) -> tuple[int, int]:
-        ids = cast("list[bytes]", await self._redis.zrangebyscore(self._runs, time.time(), "+inf"))
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for id in ids:
-                pipe.hget(self._run_key(id.decode()), "owner")
-            owners = await pipe.execute()
-        return len(ids), sum(found == owner.encode() for found in owners)
+        owners = await self._owners(time.time(), "+inf")
+        return len(owners), sum(found == owner for _, found in owners)
 
     async def take(self, id: str, holder: str, lease: float) -> bool:
         now = time.time()
         return bool(await self._take(keys=[self._runs, self._run_key(id)], args=[id, now, now + lease, holder]))
 
     async def expired(self) -> list[tuple[str, str]]:
-        ids = [id.decode() for id in cast("list[bytes]", await self._redis.zrangebyscore(self._runs, "-inf", f"({time.time()}"))]
-        owners = [await self._redis.hget(self._run_key(id), "owner") for id in ids]
+        return await self._owners("-inf", f"({time.time()}")
+
+    async def _owners(self, low: float | str, high: float | str) -> list[tuple[str, str]]:
+        """The runs whose leases end between `low` and `high`, with their owners."""
+        ids = [id.decode() for id in cast("list[bytes]", await self._redis.zrangebyscore(self._runs, low, high))]
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for id in ids:
+                pipe.hget(self._run_key(id), "owner")
+            owners = await pipe.execute()
         return [(id, owner.decode()) for id, owner in zip(ids, owners, strict=True) if isinstance(owner, bytes)]
 
     async def close(self) -> None:

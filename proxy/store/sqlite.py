@@ -100,8 +100,8 @@ class SQLiteBackend:
     async def release(self, id: str) -> None:
         await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
 
-    async def cancel(self, id: str) -> bool:
-        return await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,)) > 0
+    async def cancel(self, id: str) -> None:
+        await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,))
 
     async def running(self, owner: str) -> tuple[int, int]:
         return await self._run(self._running, owner)
