@@ -217,6 +217,21 @@ async def test_a_compressed_body_is_read_strictly(upstream: FakeUpstream, proxy:
     assert upstream.requests == []
 
 
+async def test_a_body_that_stops_coming_is_a_408(upstream: FakeUpstream, start_proxy) -> None:
+    """A body trickled in holds a connection: it must arrive within `body_timeout` (design.md 5.11)."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "connections": {"body_timeout": 0.3}}))
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(b"POST /v1/responses HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{")
+    try:
+        async with asyncio.timeout(5):
+            status_line = await reader.readline()
+        assert status_line.split()[1] == b"408", status_line
+        assert upstream.requests == []
+    finally:
+        writer.close()
+
+
 async def test_data_after_a_gzip_body_is_refused_as_it_arrives(proxy: str) -> None:
     """Bytes past the end of the compressed stream are not read on (they would be held
     uncounted, design.md 5.8): the 400 comes while the client is still sending."""
@@ -243,6 +258,25 @@ async def test_gzip_and_deflate_bodies_are_read(upstream: FakeUpstream, proxy: s
 
 
 # -- 11. the model list of an upstream without one -----------------------------------------------------
+
+
+async def test_an_upstream_model_list_is_read_within_the_answer_limit(start_proxy, http: aiohttp.ClientSession) -> None:
+    app = web.Application()
+
+    async def huge(_: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{"id": "m" * 1000, "object": "model"}] * 10})
+
+    app.router.add_get("/v1/models", huge)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    await web.TCPSite(runner, "127.0.0.1", 0).start()
+    try:
+        upstream = {"name": "u", "urls": [f"http://127.0.0.1:{runner.addresses[0][1]}"], "max_answer_bytes": 5000}
+        url = await start_proxy(parse({"upstreams": [upstream]}))
+        async with http.get(f"{url}/v1/models") as response:
+            assert response.status == 502 and envelope(await response.json(), "upstream_protocol_error")
+    finally:
+        await runner.cleanup()
 
 
 async def test_an_upstream_html_404_for_models_is_an_envelope(start_proxy, http: aiohttp.ClientSession) -> None:
@@ -281,6 +315,16 @@ async def test_json_schema_strict_is_echoed_as_a_bool(upstream: FakeUpstream, pr
 
 
 # -- 9. compressed upstream answers ------------------------------------------------------------------
+
+
+async def test_configured_upstream_headers_cannot_ask_for_compression(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    """The proxy reads answers as they come (design.md 6.10): an operator's headers are sent,
+    but identity stays what it asks for."""
+    headers = {"Accept-Encoding": "gzip", "X-Team": "search"}
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "headers": headers}]}))
+    upstream.script(Reply(Generation([Step("text", "Hi"), Step("finish", finish_reason="stop")])))
+    status, _, _ = await post(http, url, BODY)
+    assert status == 200 and upstream.headers[-1]["accept-encoding"] == "identity" and upstream.headers[-1]["x-team"] == "search"
 
 
 async def test_the_proxy_asks_for_identity_and_relays_an_encoding_it_gets_anyway(

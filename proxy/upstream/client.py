@@ -150,16 +150,7 @@ class Exchange:
         return await self._failures.guard(self._read_body(), self._timeouts.first_byte, self._deadline)
 
     async def _read_body(self) -> bytes:
-        limit = self._config.max_answer_bytes
-        if (self.response.content_length or 0) > limit:
-            raise self._failures.too_large(limit)
-        pieces, size = [], 0
-        async for piece in self.response.content.iter_any():
-            size += len(piece)
-            if size > limit:
-                raise self._failures.too_large(limit)
-            pieces.append(piece)
-        return b"".join(pieces)
+        return await _read_bounded(self.response, self._config.max_answer_bytes, self._failures)
 
     async def read_chunk(self) -> bytes:
         """The next bytes of a streaming body (b"" at its end), within the idle timeout."""
@@ -239,7 +230,7 @@ class UpstreamClient:
         # instead of passing for an upstream that does not answer (design.md 4.12).
         self._slots = asyncio.Semaphore(config.max_connections)
         # Identity: answers are read chunk by chunk as they come, never decompressed (design.md 6.10).
-        self._headers = {"Content-Type": "application/json", "Accept-Encoding": "identity", **config.headers}
+        self._headers = {"Content-Type": "application/json", **config.headers, "Accept-Encoding": "identity"}
         key = config.key()
         if key:
             self._headers["Authorization"] = f"Bearer {key}"
@@ -342,7 +333,7 @@ class UpstreamClient:
     async def get(self, path: str) -> tuple[int, bytes]:
         async def fetch() -> tuple[int, bytes]:
             async with self._session.get(self._candidates()[0].url + path, allow_redirects=False) as response:
-                return response.status, await response.read()
+                return response.status, await _read_bounded(response, self.config.max_answer_bytes, self._failures)
 
         return await self._failures.guard(fetch(), self.config.timeouts.connect + self.config.timeouts.idle, None)
 
@@ -404,6 +395,19 @@ class UpstreamClient:
             replica.healthy = False
         if replica.healthy:
             replica.ejected_until = 0.0
+
+
+async def _read_bounded(response: aiohttp.ClientResponse, limit: int, failures: _Failures) -> bytes:
+    """A whole body, within `limit` bytes (design.md 6.11)."""
+    if (response.content_length or 0) > limit:
+        raise failures.too_large(limit)
+    pieces, size = [], 0
+    async for piece in response.content.iter_any():
+        size += len(piece)
+        if size > limit:
+            raise failures.too_large(limit)
+        pieces.append(piece)
+    return b"".join(pieces)
 
 
 async def _error_body(response: aiohttp.ClientResponse) -> bytes:
