@@ -14,6 +14,8 @@ import orjson
 import pytest
 
 from proxy.config import parse
+from proxy.metrics import Metrics
+from proxy.runtime import open_store
 from tests.client import LOGPROBS, envelope, parse_sse, read_events, validate_response
 from tests.events import sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
@@ -214,6 +216,25 @@ async def test_a_run_that_ends_while_the_store_is_down_is_kept_when_it_is_back(
         assert parse_sse(await replay(http, url, id))[-1]["type"] == "response.completed"
     finally:
         server.stop()
+
+
+async def test_delete_forgets_a_background_response_with_its_events(
+    upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    one, other = replicas
+    upstream.script(Reply(slow_text(3)))
+    _, _, raw = await post(http, one, {**BODY, "background": True})
+    id = orjson.loads(raw)["id"]
+    await until_done(http, other, id)
+    kept = open_store(replica_config(upstream, store).store, Metrics())
+    assert kept is not None
+    try:
+        assert await kept.events(id, -1, 0)  # its log, before
+        async with http.delete(f"{other}/v1/responses/{id}") as response:
+            assert response.status == 200
+        assert await kept.events(id, -1, 0) == []
+    finally:
+        await kept.close()
 
 
 async def test_background_needs_a_store_and_stores(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:

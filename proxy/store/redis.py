@@ -118,7 +118,7 @@ class RedisBackend:
         entries = await self._redis.mget(keys) if keys else []
         # An item id a later response repeated (a client's own input id) now names that one.
         mine = [key for key, entry in zip(keys, entries, strict=True) if entry is not None and _decode_entry(entry).response_id == id]
-        await self._redis.delete(self._response_key(id), *mine)
+        await self._redis.delete(self._response_key(id), self._events_key(id), *mine)
         await self._redis.zrem(self._index, id)
         return True
 
