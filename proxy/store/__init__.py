@@ -10,6 +10,7 @@ needed it, with a 503.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
@@ -63,8 +64,17 @@ def owner_of(api_key: str | None) -> str:
     return hashlib.sha256(api_key.encode()).hexdigest() if api_key else ""
 
 
+# What expired and what is past the size bound go in one sweep every this many writes, not
+# on each one.
+_SWEEP_EVERY = 64
+
+
 class Backend(Protocol):
     async def put(self, record: StoredResponse) -> None: ...
+
+    async def sweep(self) -> None:
+        """Drop what expired, and the oldest responses past the size bound."""
+        ...
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         """The records of these ids that exist, have not expired and belong to `owner`."""
@@ -125,6 +135,7 @@ class ResponseStore:
         self.backend = backend
         self._timeout = timeout
         self._on_error = on_error
+        self._writes = 0
         self.failing_since: float | None = None  # wall-clock time of the first failure in a row
         self.last_error = ""
 
@@ -133,6 +144,10 @@ class ResponseStore:
 
     async def put(self, record: StoredResponse) -> None:
         await self._guard("put", self.backend.put(record))
+        self._writes += 1
+        if self._writes % _SWEEP_EVERY == 1:
+            with contextlib.suppress(StoreUnavailable):  # counted and shown; the response is kept
+                await self._guard("sweep", self.backend.sweep())
 
     async def save(self, record: StoredResponse) -> bool:
         """Keep a response; a failure is logged and counted, never raised: the answer it

@@ -12,8 +12,6 @@ from redis.asyncio import Redis
 
 from . import Renewal, StoredResponse, decode_record, encode_record, record_items
 
-# The surplus past the size bound goes in one trim every this many writes.
-_TRIM_EVERY = 64
 # A run's lease lives in a sorted set (score: when it ends) and its holder and cancel flag in a
 # hash; renewing and taking over must read and write them in one step.
 _RENEW = """
@@ -55,7 +53,6 @@ class RedisBackend:
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
-        self._writes = 0
 
     def _response_key(self, id: str) -> str:
         return f"{self._prefix}response:{id}"
@@ -85,12 +82,9 @@ class RedisBackend:
                 pipe.set(self._item_key(record.owner, item_id), entry, ex=self._ttl)
             pipe.zadd(self._index, {record.id: record.created_at})
             await pipe.execute()
-        self._writes += 1
-        if self._writes % _TRIM_EVERY == 1:
-            await self._trim()
 
-    async def _trim(self) -> None:
-        """The oldest responses past the size bound go, with their items."""
+    async def sweep(self) -> None:
+        """Redis expires keys itself: the oldest responses past the size bound go, with their items."""
         surplus = await self._redis.zcard(self._index) - self._max
         if surplus > 0:
             for id, _ in cast("list[tuple[bytes, float]]", await self._redis.zpopmin(self._index, surplus)):

@@ -14,8 +14,6 @@ from typing import TypeVar
 from . import Renewal, StoredResponse, decode_record, encode_record, record_items
 
 T = TypeVar("T")
-# Expired and surplus rows go in one sweep every this many writes, not on each one.
-_SWEEP_EVERY = 64
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
@@ -47,7 +45,6 @@ class SQLiteBackend:
         self._ttl = ttl
         self._max = max_responses
         self._db: sqlite3.Connection | None = None
-        self._writes = 0
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
         self._readers: dict[str, list[asyncio.Future[None]]] = {}  # of each response's events, here
 
@@ -142,14 +139,13 @@ class SQLiteBackend:
                 "INSERT OR REPLACE INTO items (owner, id, response_id, expires_at, item) VALUES (?, ?, ?, ?, ?)",
                 [(record.owner, item_id, record.id, expires, item) for item_id, item in record_items(record)],
             )
-        self._writes += 1
-        if self._writes % _SWEEP_EVERY == 1:
-            self._sweep(db)
 
-    def _sweep(self, db: sqlite3.Connection) -> None:
-        """Drop what expired, and the oldest responses past the size bound."""
+    async def sweep(self) -> None:
+        await self._run(self._sweep)
+
+    def _sweep(self) -> None:
         now = time.time()
-        with db:
+        with self._connection() as db:
             db.execute("BEGIN IMMEDIATE")
             db.execute("DELETE FROM responses WHERE expires_at < ?", (now,))
             db.execute(
