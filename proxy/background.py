@@ -139,10 +139,10 @@ class BackgroundRuns:
                 for id, owner in await self._store.expired():
                     await self.end_if_lost(id, owner)
 
-    async def end_if_lost(self, id: str, owner: str) -> None:
-        """If the run's lease expired, take it over and end it failed."""
+    async def end_if_lost(self, id: str, owner: str) -> bool:
+        """If the run's lease expired, take it over and end it failed; whether it did."""
         if not await self._store.take(id, self.holder, self._settings.lease):
-            return
+            return False
         try:
             kept = await self._store.get(id, owner)
             made = await self._store.events(id, -1, 0)
@@ -150,6 +150,7 @@ class BackgroundRuns:
                 await self._fail_lost(kept, made[-1][0] if made else -1)
         finally:
             await self._store.release(id)
+        return True
 
     async def _fail_lost(self, kept: StoredResponse, last: int) -> None:
         """End a run whose holder died: from its last kept state, after its last event."""

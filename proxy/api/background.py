@@ -60,8 +60,7 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
 
 async def current(request: web.Request, response: dict[str, Any]) -> dict[str, Any]:
     """A background response as it stands: if its run was lost, ended first."""
-    if response.get("background") and response["status"] not in _FINAL:
-        await runs_of(request).end_if_lost(response["id"], request[OWNER])
+    if response.get("background") and response["status"] not in _FINAL and await runs_of(request).end_if_lost(response["id"], request[OWNER]):
         return await _reread(request, response["id"])
     return response
 
