@@ -97,6 +97,7 @@ async def test_a_cut_stream_resumes_on_the_other_replica_event_for_event(upstrea
             if event["sequence_number"] == cut_at:
                 break
         response.close()
+    assert seen[0]["type"] == "response.created" and seen[0]["response"]["status"] == "queued"  # design.md 10.1
     assert upstream.disconnects == 0  # the client left; the generation goes on
     id = seen[0]["response"]["id"]
     resumed = await replay(http, other, id, after=cut_at)  # the rest, followed to the end

@@ -160,6 +160,18 @@ async def test_delete_forgets_the_response(upstream: FakeUpstream, stored_proxy:
     assert status == 400 and envelope(orjson.loads(raw))["param"] == "previous_response_id"
 
 
+async def test_a_chain_with_a_link_no_longer_stored_is_a_400(upstream: FakeUpstream, stored_proxy: str, http: aiohttp.ClientSession) -> None:
+    """design.md 9.4: a chain is continued whole or not at all."""
+    upstream.script(Reply(text_turn("Hi")))
+    first = await create(http, stored_proxy, {"model": "m", "input": "one"}, stream=False)
+    second = await create(http, stored_proxy, {"model": "m", "input": "two", "previous_response_id": first["id"]}, stream=False)
+    async with http.delete(f"{stored_proxy}/v1/responses/{first['id']}") as response:
+        assert response.status == 200
+    status, _, raw = await post(http, stored_proxy, {"model": "m", "input": "three", "previous_response_id": second["id"]})
+    error = envelope(orjson.loads(raw))
+    assert status == 400 and error["param"] == "previous_response_id" and first["id"] in error["message"]
+
+
 async def test_input_items_pages(upstream: FakeUpstream, stored_proxy: str, http: aiohttp.ClientSession) -> None:
     upstream.script(Reply(text_turn("ok")))
     items = [{"role": "user", "content": f"line {i}"} for i in range(5)]
