@@ -332,6 +332,26 @@ async def test_header_dribblers_lock_no_one_out(upstream, spawn) -> None:
         await asyncio.gather(*dribblers)
 
 
+async def test_sigterm_ends_a_background_run_failed_past_the_grace(upstream, spawn, tmp_path) -> None:
+    """design.md 10.4: SIGTERM drains background runs like streams; what outlives the grace
+    ends failed (`server_shutting_down`), kept so that any replica reads it so."""
+    store = {"url": f"sqlite:{tmp_path}/shared.db"}
+    config = {"upstreams": [{"name": "default", "urls": [upstream.url]}], "store": store, "shutdown_grace": 0.5}
+    runner, other = await spawn(config), await spawn(config)
+    upstream.script(Reply(SLOW, stall_after=2))
+    async with fresh() as http:
+        async with http.post(f"{runner.url}/v1/responses", json={"model": "m", "input": "hi", "background": True}) as response:
+            id = (await response.json())["id"]
+        await eventually(lambda: upstream.active_streams == 1)
+        runner.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(runner.proc.wait(), 5) == 0
+        async with http.get(f"{other.url}/v1/responses/{id}?stream=true&starting_after=-1") as response:
+            events = parse_sse(await response.read())
+    assert [e["type"] for e in events[-2:]] == ["error", "response.failed"] and events[-2]["code"] == "server_shutting_down"
+    assert events[-1]["response"]["status"] == "failed"
+    await asyncio.wait_for(upstream.disconnected.wait(), 5)
+
+
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 async def test_a_killed_replica_s_background_response_is_failed_by_another(upstream, spawn, tmp_path, redis_server, backend: str) -> None:
     """design.md 10.4: SIGKILL the replica that runs a background response; the other takes its
