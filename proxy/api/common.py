@@ -30,12 +30,18 @@ async def read_body(request: web.Request) -> bytes:
     an encoding it does not know is refused, not read as plain bytes (design.md 5.8)."""
     if request.content_type not in _JSON_TYPES:
         raise UnsupportedMediaType(f"Content-Type must be application/json, not {request.content_type}.")
-    limit = request.app[RUNTIME].config.max_body_bytes
-    too_large = PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+    config = request.app[RUNTIME].config
+    limit = config.max_body_bytes
     decompressor = _decompressor(request.headers.get(hdrs.CONTENT_ENCODING, ""))
+    content = request.content
+    if decompressor is None and content.is_eof():
+        # Most bodies: plain, and whole with the headers. Nothing to time or to build.
+        body = content.read_nowait()
+        if len(body) > limit:
+            raise _too_large(limit)
+        return body
     if decompressor is None and (request.content_length or 0) > limit:
-        raise too_large
-    cut = InvalidRequest("The compressed request body is cut short or followed by other data.")
+        raise _too_large(limit)
     pieces: list[bytes] = []
     size = 0
 
@@ -44,15 +50,14 @@ async def read_body(request: web.Request) -> bytes:
         for data in _decompressed(decompressor, piece, limit - size + 1):
             size += len(data)
             if size > limit:
-                raise too_large
+                raise _too_large(limit)
             pieces.append(data)
         if decompressor is not None and decompressor.unused_data:
-            raise cut  # at once: what follows the compressed stream is neither read nor kept
+            raise _cut()  # at once: what follows the compressed stream is neither read nor kept
 
-    content = request.content
-    timeout = request.app[RUNTIME].config.connections.body_timeout
+    timeout = config.connections.body_timeout
     try:
-        if content.is_eof():  # the body came whole with the headers, as it mostly does: no timer
+        if content.is_eof():
             take(content.read_nowait())
         else:
             async with asyncio.timeout(timeout):  # a body trickled in holds a connection (design.md 5.11)
@@ -65,8 +70,16 @@ async def read_body(request: web.Request) -> bytes:
     except TimeoutError:
         raise RequestTimeout(f"The request body did not arrive within {timeout:g} s.") from None
     if decompressor is not None and not decompressor.eof:
-        raise cut
+        raise _cut()
     return b"".join(pieces)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(f"The request body is larger than the limit of {limit} bytes.")
+
+
+def _cut() -> InvalidRequest:
+    return InvalidRequest("The compressed request body is cut short or followed by other data.")
 
 
 def _decompressor(encoding: str) -> Any:
