@@ -46,6 +46,11 @@ async def get(http: aiohttp.ClientSession, url: str, id: str) -> dict[str, Any]:
         return dict(await response.json())
 
 
+async def _found(http: aiohttp.ClientSession, url: str, id: str) -> bool:
+    async with http.get(f"{url}/v1/responses/{id}") as response:
+        return response.status != 404
+
+
 async def until_done(http: aiohttp.ClientSession, url: str, id: str, timeout: float = 10) -> dict[str, Any]:
     async with asyncio.timeout(timeout):
         while (response := await get(http, url, id))["status"] in ("queued", "in_progress"):
@@ -212,6 +217,10 @@ async def test_a_run_that_ends_while_the_store_is_down_is_kept_when_it_is_back(
         server.stop()
         await _until(lambda: bool(upstream.requests) and not upstream.active_streams)
         server.start()  # back, empty: all it holds of the run is what the run still had to keep
+        # The run tries again every quarter lease; until then the new store knows nothing of it.
+        async with asyncio.timeout(3.0):
+            while not await _found(http, url, id):
+                await asyncio.sleep(0.05)
         final = await until_done(http, url, id)
         assert final["status"] == "completed" and final["output"][0]["content"][0]["logprobs"] == sent_scores(gen.chunks())
         assert parse_sse(await replay(http, url, id))[-1]["type"] == "response.completed"
