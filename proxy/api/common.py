@@ -57,7 +57,7 @@ async def read_body(request: web.Request) -> bytes:
 
     timeout = config.connections.body_timeout
     try:
-        if content.is_eof():
+        if content.is_eof():  # a compressed body that came whole: no timer either
             take(content.read_nowait())
         else:
             async with asyncio.timeout(timeout):  # a body trickled in holds a connection (design.md 5.11)
