@@ -332,6 +332,19 @@ async def test_header_dribblers_lock_no_one_out(upstream, spawn) -> None:
         await asyncio.gather(*dribblers)
 
 
+async def _start_background(http: aiohttp.ClientSession, url: str, upstream: FakeUpstream) -> str:
+    """A background response's id, once its run is generating."""
+    async with http.post(f"{url}/v1/responses", json={"model": "m", "input": "hi", "background": True}) as response:
+        id = (await response.json())["id"]
+    await eventually(lambda: upstream.active_streams == 1)
+    return str(id)
+
+
+async def _all_events(http: aiohttp.ClientSession, url: str, id: str) -> list[dict[str, Any]]:
+    async with http.get(f"{url}/v1/responses/{id}?stream=true&starting_after=-1") as response:
+        return parse_sse(await response.read())
+
+
 async def test_sigterm_ends_a_background_run_failed_past_the_grace(upstream, spawn, tmp_path) -> None:
     """design.md 10.4: SIGTERM drains background runs like streams; what outlives the grace
     ends failed (`server_shutting_down`), kept so that any replica reads it so."""
@@ -340,13 +353,10 @@ async def test_sigterm_ends_a_background_run_failed_past_the_grace(upstream, spa
     runner, other = await spawn(config), await spawn(config)
     upstream.script(Reply(SLOW, stall_after=2))
     async with fresh() as http:
-        async with http.post(f"{runner.url}/v1/responses", json={"model": "m", "input": "hi", "background": True}) as response:
-            id = (await response.json())["id"]
-        await eventually(lambda: upstream.active_streams == 1)
+        id = await _start_background(http, runner.url, upstream)
         runner.proc.send_signal(signal.SIGTERM)
         assert await asyncio.wait_for(runner.proc.wait(), 5) == 0
-        async with http.get(f"{other.url}/v1/responses/{id}?stream=true&starting_after=-1") as response:
-            events = parse_sse(await response.read())
+        events = await _all_events(http, other.url, id)
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"] and events[-2]["code"] == "server_shutting_down"
     assert events[-1]["response"]["status"] == "failed"
     await asyncio.wait_for(upstream.disconnected.wait(), 5)
@@ -361,14 +371,11 @@ async def test_a_killed_replica_s_background_response_is_failed_by_another(upstr
     runner, other = await spawn(config), await spawn(config)
     upstream.script(Reply(SLOW, stall_after=4))
     async with fresh() as http:
-        async with http.post(f"{runner.url}/v1/responses", json={"model": "m", "input": "hi", "background": True}) as response:
-            id = (await response.json())["id"]
-        await eventually(lambda: upstream.active_streams == 1)
+        id = await _start_background(http, runner.url, upstream)
         await asyncio.sleep(0.3)  # a snapshot of the words so far
         os.killpg(runner.proc.pid, signal.SIGKILL)
         killed = asyncio.get_running_loop().time()
-        async with http.get(f"{other.url}/v1/responses/{id}?stream=true&starting_after=-1") as response:
-            events = parse_sse(await response.read())
+        events = await _all_events(http, other.url, id)
         assert asyncio.get_running_loop().time() - killed < 3  # a lease and a half, and a read
         assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
