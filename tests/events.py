@@ -91,6 +91,12 @@ def translate(call: Call, pieces: Iterable[bytes], *, finish: bool = True) -> tu
     return translator, parse_sse(raw) if translator.done else parse_sse(raw + b"data: [DONE]\n\n")
 
 
+def completed(call: Call, body: bytes) -> dict[str, Any]:
+    """A whole non-streaming chat completion through a fresh translator (fixed clock and ids):
+    the Response, as a client reads its JSON."""
+    return dict(orjson.loads(orjson.dumps(ResponseTranslator(call, streaming=False, **fixed()).complete(body))))
+
+
 # -- what the upstream sent -----------------------------------------------------------------
 
 

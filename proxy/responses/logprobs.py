@@ -49,18 +49,6 @@ def effective_top_logprobs(requested: int | None, cap: int) -> int:
     return min(requested or 0, cap)
 
 
-def response_scores(content: bytes) -> tuple[bytes, int]:
-    """A chat `logprobs.content` array as a JSON array of Responses `output_text.logprobs`
-    entries, and how many there are.
-
-    A chat entry and a Responses entry have the same four keys (design.md 3.5), so entries that
-    hold exactly those, nothing null and no zero probability (what SGLang and vLLM send) pass
-    through as the upstream's own bytes (`exact_scores`). Anything else is mapped entry by entry.
-    """
-    exact = exact_scores(content)
-    return exact if exact is not None else _mapped_scores(content)
-
-
 def _mapped_scores(content: bytes) -> tuple[bytes, int]:
     try:
         entries = _decode_any(content)
@@ -106,10 +94,16 @@ class ScoreBuffer:
         self.count = 0
 
     def add(self, content: bytes) -> bool:
-        """A chat `logprobs.content` array, as its bytes; whether it needed no mapping."""
-        exact = exact_scores(content)
-        self._keep(*(exact if exact is not None else _mapped_scores(content)))
-        return exact is not None
+        """A chat `logprobs.content` array, as its bytes; whether it needed no mapping.
+
+        A chat entry and a Responses entry have the same four keys (design.md 3.5), so entries
+        that hold exactly those, nothing null and no zero probability (what SGLang and vLLM
+        send) are kept as the upstream's own bytes (`exact_scores`). Anything else is mapped
+        entry by entry."""
+        if self.add_exact(content):
+            return True
+        self._keep(*_mapped_scores(content))
+        return False
 
     def add_exact(self, content: bytes) -> bool:
         """As `add`, for scores that need no mapping (`exact_scores`); False, and nothing kept,

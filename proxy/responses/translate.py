@@ -512,8 +512,3 @@ class ResponseTranslator:
 def encoded_event(fields: dict[str, Any]) -> bytes:
     """An event as SSE, but for the blank line that ends it (design.md 4.1)."""
     return b"event: " + str(fields["type"]).encode() + b"\ndata: " + orjson.dumps(fields)
-
-
-def translate_completion(call: Call, body: bytes, *, clock: Clock = time.time, ids: IdSource = new_id) -> dict[str, Any]:
-    """A non-streaming chat completion as a Response (`ResponseTranslator.complete`)."""
-    return ResponseTranslator(call, streaming=False, clock=clock, ids=ids).complete(body)

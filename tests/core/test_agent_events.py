@@ -7,9 +7,8 @@ import orjson
 import pytest
 
 from proxy.responses.sealing import Sealer, derive_key
-from proxy.responses.translate import translate_completion
 from tests.agents import namespace
-from tests.events import check_stream, fixed, plan, sent_scores, sse, tokens, translate
+from tests.events import check_stream, completed, plan, sent_scores, sse, tokens, translate
 from tests.fake_upstream import Generation, Step, score
 
 SEALER = Sealer(derive_key("test key"))
@@ -90,7 +89,7 @@ def test_custom_and_namespaced_calls_in_the_non_streaming_response_match_the_str
         Step("finish", finish_reason="tool_calls"),
     ])
     stream = check_stream(translate(call, [sse(gen.chunks())])[1])
-    whole = orjson.loads(orjson.dumps(translate_completion(call, orjson.dumps(gen.completion()), **fixed())))
+    whole = completed(call, orjson.dumps(gen.completion()))
     assert whole == stream.response
 
 

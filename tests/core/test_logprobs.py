@@ -8,15 +8,16 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamProtocolError
-from proxy.responses.logprobs import ScoreBuffer, effective_top_logprobs, response_scores
+from proxy.responses.logprobs import ScoreBuffer, effective_top_logprobs
 from tests.events import as_response_logprob
 
 
 def mapped(entries: list[dict], *, compact: bool = True) -> list[dict]:
     raw = orjson.dumps(entries) if compact else json.dumps(entries).encode()  # json: `"key": value`
-    array, count = response_scores(raw)
-    scores = orjson.loads(array)
-    assert count == len(scores)
+    buffer = ScoreBuffer()
+    buffer.add(raw)
+    scores = orjson.loads(orjson.dumps(buffer.whole()))
+    assert buffer.count == len(scores)
     return scores
 
 
@@ -52,12 +53,14 @@ def test_one_entry_to_map_among_many_keeps_them_all_in_order() -> None:
 @pytest.mark.parametrize("content", [b"[[1, 2]]", b"[1]", b'["token"]', b'[{"logprob": -1}]', b'{"token": "a"}', b'"a"'])
 def test_content_that_is_not_a_list_of_entries_is_a_protocol_error(content: bytes) -> None:
     with pytest.raises(UpstreamProtocolError):
-        response_scores(content)
+        ScoreBuffer().add(content)
 
 
 @pytest.mark.parametrize("content", [b"[]", b"null"])
 def test_no_scores(content: bytes) -> None:
-    assert response_scores(content)[1] == 0
+    buffer = ScoreBuffer()
+    buffer.add(content)
+    assert buffer.count == 0 and buffer.take() == b"[]"
 
 
 def test_the_buffer_delivers_each_score_once_in_order_and_keeps_them_all() -> None:

@@ -6,16 +6,15 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamTimeout
-from proxy.responses.translate import translate_completion
 from tests.client import parse_sse
 from tests.events import (
     NOW,
     REQUEST_ID,
     as_response_logprob,
     check_stream,
+    completed,
     error_frame,
     expected_deltas,
-    fixed,
     frame,
     plan,
     sent_scores,
@@ -151,7 +150,7 @@ def test_streamed_equals_non_streaming(dialect: str) -> None:
     )
     _, stream = run(gen)
     call = plan()
-    whole = orjson.loads(orjson.dumps(translate_completion(call, orjson.dumps(gen.completion()), **fixed())))
+    whole = completed(call, orjson.dumps(gen.completion()))
     assert stream.response == whole
 
 

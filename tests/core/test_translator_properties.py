@@ -7,8 +7,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.errors import ProxyError
-from proxy.responses.translate import translate_completion
-from tests.events import check_stream, expected_deltas, plan, sent_scores, split, sse, translate
+from tests.events import check_stream, completed, expected_deltas, plan, sent_scores, split, sse, translate
 from tests.fake_upstream import Generation, Step, score
 
 texts = st.text(st.characters(blacklist_categories=("Cs",)), max_size=4)
@@ -83,7 +82,7 @@ def test_every_score_once_in_order(gen: Generation, logprobs: bool, usage: bool,
 
     # The same script, not streamed.
     try:
-        whole = orjson.loads(orjson.dumps(translate_completion(call, orjson.dumps(gen.completion()))))
+        whole = completed(call, orjson.dumps(gen.completion()))
     except ProxyError:
         assert stream.terminal == "response.failed"
         return
