@@ -147,10 +147,9 @@ class Exchange:
     async def read_body(self) -> bytes:
         """A whole non-streaming body, within `max_answer_bytes` (design.md 6.11): generated
         before it is sent, so it gets `first_byte`."""
-        return await self._failures.guard(self._read_body(), self._timeouts.first_byte, self._deadline)
-
-    async def _read_body(self) -> bytes:
-        return await _read_bounded(self.response, self._config.max_answer_bytes, self._failures)
+        return await self._failures.guard(
+            _read_bounded(self.response, self._config.max_answer_bytes, self._failures), self._timeouts.first_byte, self._deadline
+        )
 
     async def read_chunk(self) -> bytes:
         """The next bytes of a streaming body (b"" at its end), within the idle timeout."""
