@@ -16,7 +16,7 @@ import pytest
 from proxy.config import parse
 from proxy.metrics import Metrics
 from proxy.runtime import open_store
-from tests.client import LOGPROBS, envelope, parse_sse, read_events, validate_response
+from tests.client import LOGPROBS, envelope, eventually, parse_sse, read_events, validate_response
 from tests.events import sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 from tests.harness import BODY, post
@@ -118,7 +118,7 @@ async def test_cancel_from_the_other_replica(upstream: FakeUpstream, replicas: t
     upstream.script(Reply(slow_text(), stall_after=6))
     _, _, raw = await post(http, one, {**BODY, "include": LOGPROBS, "background": True})
     id = orjson.loads(raw)["id"]
-    await asyncio.wait_for(_until(lambda: upstream.active_streams == 1), 5)
+    await eventually(lambda: upstream.active_streams == 1, 5)
     async with http.post(f"{other}/v1/responses/{id}/cancel") as response:
         assert response.status == 200, await response.text()
         cancelled = await response.json()
@@ -140,11 +140,6 @@ async def test_cancel_from_the_other_replica(upstream: FakeUpstream, replicas: t
             assert response.status == 400
             message = envelope(await response.json())["message"]
             assert message == ("Cannot cancel a response that is already completed." if done["background"] else "Cannot cancel a synchronous response.")
-
-
-async def _until(check: Any) -> None:
-    while not check():
-        await asyncio.sleep(0.01)
 
 
 async def test_caps_on_running_responses(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
@@ -215,12 +210,11 @@ async def test_a_run_that_ends_while_the_store_is_down_is_kept_when_it_is_back(
         _, _, raw = await post(http, url, {**BODY, "include": LOGPROBS, "background": True})
         id = orjson.loads(raw)["id"]
         server.stop()
-        await _until(lambda: bool(upstream.requests) and not upstream.active_streams)
+        await eventually(lambda: upstream.active_streams == 1, 5)  # it streams, then ends with the store down
+        await eventually(lambda: upstream.active_streams == 0, 5)
         server.start()  # back, empty: all it holds of the run is what the run still had to keep
         # The run tries again every quarter lease; until then the new store knows nothing of it.
-        async with asyncio.timeout(3.0):
-            while not await _found(http, url, id):
-                await asyncio.sleep(0.05)
+        await eventually(lambda: _found(http, url, id), 3.0)
         final = await until_done(http, url, id)
         assert final["status"] == "completed" and final["output"][0]["content"][0]["logprobs"] == sent_scores(gen.chunks())
         assert parse_sse(await replay(http, url, id))[-1]["type"] == "response.completed"
@@ -272,7 +266,7 @@ async def test_the_openai_sdk_runs_reads_follows_and_cancels(upstream: FakeUpstr
         assert done.status == "completed" and done.output_text == "".join(WORDS)
         upstream.script(Reply(slow_text(), stall_after=4))
         running = await clients[1].responses.create(model="m", input="hi", background=True)
-        await asyncio.wait_for(_until(lambda: upstream.active_streams == 1), 5)
+        await eventually(lambda: upstream.active_streams == 1, 5)
         cancelled = await clients[0].responses.cancel(running.id)
         assert cancelled.status == "cancelled"
     finally:

@@ -342,6 +342,7 @@ async def _start_background(http: aiohttp.ClientSession, url: str, upstream: Fak
 
 async def _all_events(http: aiohttp.ClientSession, url: str, id: str) -> list[dict[str, Any]]:
     async with http.get(f"{url}/v1/responses/{id}?stream=true&starting_after=-1") as response:
+        assert response.status == 200, await response.text()
         return parse_sse(await response.read())
 
 

@@ -34,6 +34,16 @@ def text_chunk(text: str, scores: list[dict] | None = None, **delta: object) -> 
     )
 
 
+def full_and_fast(chunks: list[dict], logprobs: bool, nl: str = "\n") -> tuple[list[dict], list[dict]]:
+    """The events of a stream read with shapes, and without."""
+    body = sse(chunks, nl=nl)
+    fast = translate(plan(logprobs), [body])[1]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ChunkShape, "learn", classmethod(lambda cls, payload, chunk, scores_wanted: None))
+        full = translate(plan(logprobs), [body])[1]
+    return fast, full
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     st.lists(st.tuples(st.sampled_from(["text", "text", "reasoning", "scores"]), texts, st.integers(0, 2)), max_size=12),
@@ -46,12 +56,7 @@ def test_the_fast_path_reads_what_a_full_decode_reads(steps: list[tuple[str, str
         + [Step("finish", finish_reason="stop")],
         dialect=dialect,  # type: ignore[arg-type]
     )
-    body = sse(gen.chunks(logprobs=logprobs))
-    call = plan(logprobs)
-    fast = translate(call, [body])[1]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ChunkShape, "learn", classmethod(lambda cls, payload, chunk, scores_wanted: None))
-        full = translate(call, [body])[1]
+    fast, full = full_and_fast(gen.chunks(logprobs=logprobs), logprobs)
     assert fast == full
 
 
@@ -110,21 +115,12 @@ def test_a_text_found_twice_teaches_no_shape() -> None:
     assert ChunkShape.learn(payload, decode_chunk(payload), True) is None
 
 
-def full_and_fast(chunks: list[dict], logprobs: bool, nl: str = "\n") -> tuple[list[dict], list[dict]]:
-    """The events of a stream read with shapes, and without."""
-    body = sse(chunks, nl=nl)
-    fast = translate(plan(logprobs), [body])[1]
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ChunkShape, "learn", classmethod(lambda cls, payload, chunk, scores_wanted: None))
-        full = translate(plan(logprobs), [body])[1]
-    return fast, full
-
-
 @pytest.mark.parametrize("logprobs", [True, False])
 def test_more_than_the_shape_between_its_bytes_is_decoded_in_full(logprobs: bool) -> None:
     """A payload that starts and ends as the shape but holds more in the scores' place (here a
     second choice, after the first choice's finish) is no match: its finish is read."""
-    first, second = text_chunk("a", [score("a")]), text_chunk("b", [score("b")])
+    # Scores only where they are asked for: otherwise no shape is learned to be tried.
+    first, second = text_chunk("a", [score("a")] if logprobs else None), text_chunk("b", [score("b")] if logprobs else None)
     other = {**second["choices"][0], "index": 1}
     two = {**second, "choices": [{**second["choices"][0], "finish_reason": "length"}, other]}
     fast, full = full_and_fast([first, two], logprobs)
