@@ -290,3 +290,31 @@ async def test_a_stream_followed_where_it_runs_needs_no_poll(
         events = parse_sse(await response.read())
     assert events[-1]["type"] == "response.completed"
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "".join(WORDS)
+
+
+async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upstream: FakeUpstream, tmp_path) -> None:
+    """design.md 10.2 on SQLite: a follower in the process that keeps a run's events takes
+    each batch as it is kept, without reading the file; one behind the last batch reads the
+    file; one caught up still gets, within a poll interval, what another replica kept after
+    a takeover."""
+    settings = replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}).store
+    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
+    assert here is not None and there is not None
+    statements: list[str] = []
+    here.backend._connection().set_trace_callback(statements.append)  # type: ignore[union-attr]
+    try:
+        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
+        follower = asyncio.create_task(here.events("resp_1", 1, 5))
+        await asyncio.sleep(0.01)
+        await here.append("resp_1", [(2, b"event 2")])
+        assert await follower == [(2, b"event 2")]
+        assert not [statement for statement in statements if statement.startswith("SELECT")]
+        assert await here.events("resp_1", 0, 5) == [(1, b"event 1"), (2, b"event 2")]  # behind the last batch
+        assert [statement for statement in statements if statement.startswith("SELECT")]
+        follower = asyncio.create_task(here.events("resp_1", 2, 5))
+        await there.append("resp_1", [(3, b"event 3 from a takeover")])
+        async with asyncio.timeout(1):
+            assert await follower == [(3, b"event 3 from a takeover")]
+    finally:
+        await here.close()
+        await there.close()

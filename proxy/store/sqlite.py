@@ -35,7 +35,7 @@ CREATE TABLE IF NOT EXISTS runs (
 );
 """
 # Readers of a background response's events look this often for new ones: SQLite has no way to
-# wake a reader in another process (one in this process is woken by the append itself).
+# wake a reader in another process (one in this process is handed each append: design.md 10.2).
 _POLL = 0.05
 
 
@@ -47,6 +47,7 @@ class SQLiteBackend:
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
         self._readers: dict[str, list[asyncio.Future[None]]] = {}  # of each response's events, here
+        self._appended: dict[str, list[tuple[int, bytes]]] = {}  # each run's last events kept from here
 
     async def put(self, record: StoredResponse) -> None:
         await self._run(self._put, record)
@@ -66,27 +67,41 @@ class SQLiteBackend:
 
     async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
         await self._run(self._append, id, events)
+        self._appended[id] = list(events)
         for reader in self._readers.get(id, ()):
             if not reader.done():
                 reader.set_result(None)
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         deadline = time.monotonic() + wait
+        woken = True
         while True:
             # Waiting before the read: an append that lands between the two still wakes it.
             appended = asyncio.get_running_loop().create_future()
             readers = self._readers.setdefault(id, [])
             readers.append(appended)
             try:
-                found = await self._run(self._events, id, after)
+                found = self._just_appended(id, after) if woken else None
+                if found is None:
+                    found = await self._run(self._events, id, after)
                 left = deadline - time.monotonic()
                 if found or left <= 0:
                     return found
-                await asyncio.wait([appended], timeout=min(_POLL, left))
+                woken = bool((await asyncio.wait([appended], timeout=min(_POLL, left)))[0])
             finally:
                 readers.remove(appended)
                 if not readers:
                     self._readers.pop(id, None)
+
+    def _just_appended(self, id: str, after: int) -> list[tuple[int, bytes]] | None:
+        """The events past `after` from this process's last append of the run, if they are
+        all there is: a follower of a run here is handed what was kept, unread (design.md
+        10.2). None when the file must be read. Caught up here may still miss an event
+        another replica kept after a takeover: a poll interval without an append reads it."""
+        last = self._appended.get(id)
+        if not last or not last[0][0] <= after + 1 <= last[-1][0] + 1:
+            return None
+        return last[after + 1 - last[0][0] :]
 
     async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
         await self._run(self._write, "INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)", (id, owner, holder, time.time() + lease))
@@ -96,6 +111,7 @@ class SQLiteBackend:
 
     async def release(self, id: str) -> None:
         await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
+        self._appended.pop(id, None)
 
     async def cancel(self, id: str) -> None:
         await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,))
