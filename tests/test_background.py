@@ -12,10 +12,12 @@ import aiohttp
 import openai
 import orjson
 import pytest
+import redis.asyncio
 
 from proxy.config import parse
 from proxy.metrics import Metrics
 from proxy.runtime import open_store
+from proxy.store import ResponseStore
 from tests.client import LOGPROBS, envelope, eventually, parse_sse, read_events, validate_response
 from tests.events import sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
@@ -282,7 +284,7 @@ async def test_a_stream_followed_where_it_runs_needs_no_poll(
     """SQLite cannot wake a reader in another process, so such a reader polls; a reader in the
     process that runs the response is woken by each append. With a poll of a minute, a
     stream of 30 events still ends at once."""
-    monkeypatch.setattr("proxy.store.sqlite._POLL", 60.0)
+    monkeypatch.setattr("proxy.store.sqlite.POLL", 60.0)
     url = await start_proxy(replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}))
     gen = slow_text()
     upstream.script(Reply(gen, delay=0.01))
@@ -292,29 +294,57 @@ async def test_a_stream_followed_where_it_runs_needs_no_poll(
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "".join(WORDS)
 
 
-async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upstream: FakeUpstream, tmp_path) -> None:
-    """design.md 10.2 on SQLite: a follower in the process that keeps a run's events takes
-    each batch as it is kept, without reading the file; one behind the last batch reads the
-    file; one caught up still gets, within a poll interval, what another replica kept after
-    a takeover."""
-    settings = replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}).store
+class StoreReads:
+    """How often a backend's events were read, as the backend itself counts: SQLite's
+    statements, Redis's own command statistics."""
+
+    def __init__(self, kept: ResponseStore, store: dict[str, Any]) -> None:
+        self._sqlite: list[str] = []
+        self._redis = None if store["url"].startswith("sqlite:") else redis.asyncio.Redis.from_url(store["url"])
+        if self._redis is None:
+            kept.backend._connection().set_trace_callback(self._sqlite.append)  # type: ignore[attr-defined]
+
+    async def count(self) -> int:
+        if self._redis is None:
+            return sum(statement.startswith("SELECT seq, event") for statement in self._sqlite)
+        stats = await self._redis.info("commandstats")
+        return sum(stats.get(f"cmdstat_{command}", {}).get("calls", 0) for command in ("xread", "xrange"))
+
+    async def close(self) -> None:
+        if self._redis is not None:
+            await self._redis.aclose()
+
+
+async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upstream: FakeUpstream, store: dict[str, Any]) -> None:
+    """design.md 10.2: a follower in the process that keeps a run's events takes each batch as
+    it is kept, without reading the backend, even one that read an event of the backend before
+    the process saw its append end; one behind the last batch reads the backend; one caught up
+    still gets, within a poll interval, what another replica kept after a takeover."""
+    settings = replica_config(upstream, store).store
     here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
     assert here is not None and there is not None
-    statements: list[str] = []
-    here.backend._connection().set_trace_callback(statements.append)  # type: ignore[union-attr]
+    reads = StoreReads(here, store)
     try:
         await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
+        before = await reads.count()
         follower = asyncio.create_task(here.events("resp_1", 1, 5))
         await asyncio.sleep(0.01)
         await here.append("resp_1", [(2, b"event 2")])
         assert await follower == [(2, b"event 2")]
-        assert not [statement for statement in statements if statement.startswith("SELECT")]
-        assert await here.events("resp_1", 0, 5) == [(1, b"event 1"), (2, b"event 2")]  # behind the last batch
-        assert [statement for statement in statements if statement.startswith("SELECT")]
-        follower = asyncio.create_task(here.events("resp_1", 2, 5))
-        await there.append("resp_1", [(3, b"event 3 from a takeover")])
+        await there.append("resp_1", [(3, b"event 3")])  # as if read before here saw it kept
+        follower = asyncio.create_task(here.events("resp_1", 3, 5))
+        await asyncio.sleep(0.01)
+        await here.append("resp_1", [(4, b"event 4")])
+        assert await follower == [(4, b"event 4")]
+        assert await reads.count() == before
+        assert await here.events("resp_1", 2, 5) == [(3, b"event 3"), (4, b"event 4")]  # behind the last batch
+        assert await reads.count() > before
+        follower = asyncio.create_task(here.events("resp_1", 4, 5))
+        await asyncio.sleep(0.01)
+        await there.append("resp_1", [(5, b"event 5 from a takeover")])
         async with asyncio.timeout(1):
-            assert await follower == [(3, b"event 3 from a takeover")]
+            assert await follower == [(5, b"event 5 from a takeover")]
     finally:
+        await reads.close()
         await here.close()
         await there.close()

@@ -125,6 +125,58 @@ class Backend(Protocol):
         ...
 
 
+# How long a reader of a run's events waits on this process's appends before it asks the backend:
+# SQLite cannot wake a reader in another process, and another replica may have taken a run here
+# over (design.md 10.2, 10.4).
+POLL = 0.05
+
+
+class KeptHere:
+    """Each background run's last batch of events kept from this process, and the readers here
+    waiting for the next: a reader of a run here is handed what was kept, unread (design.md
+    10.2). A backend keeps one, told of each append that succeeded."""
+
+    def __init__(self) -> None:
+        self._last: dict[str, list[tuple[int, bytes]]] = {}
+        self._readers: dict[str, list[asyncio.Future[None]]] = {}
+
+    def kept(self, id: str, events: list[tuple[int, bytes]]) -> None:
+        if events:
+            self._last[id] = list(events)
+        for reader in self._readers.pop(id, ()):
+            if not reader.done():
+                reader.set_result(None)
+
+    def after(self, id: str, after: int) -> list[tuple[int, bytes]] | None:
+        """The events past `after` if the last batch kept here holds all of them; none for a
+        reader caught up, or ahead (it read the backend before this process saw its append
+        end); None for a reader behind that batch, or of a run not kept here."""
+        last = self._last.get(id)
+        if last is None or after + 1 < last[0][0]:
+            return None
+        return last[after + 1 - last[0][0] :]
+
+    async def next(self, id: str, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the run's next batch kept here; whether it came."""
+        reader = asyncio.get_running_loop().create_future()
+        readers = self._readers.setdefault(id, [])
+        readers.append(reader)
+        try:
+            async with asyncio.timeout(timeout):
+                await reader
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            if reader in readers:
+                readers.remove(reader)
+            if not readers and self._readers.get(id) is readers:
+                del self._readers[id]
+
+    def forget(self, id: str) -> None:
+        self._last.pop(id, None)
+
+
 class Renewal(msgspec.Struct, frozen=True):
     held: bool  # the lease is still the holder's
     cancel: bool  # a client asked the run to stop

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from . import Renewal, StoredResponse, decode_record, encode_record, record_items
+from . import POLL, KeptHere, Renewal, StoredResponse, decode_record, encode_record, record_items
 
 T = TypeVar("T")
 
@@ -34,9 +34,6 @@ CREATE TABLE IF NOT EXISTS runs (
     cancel INTEGER NOT NULL DEFAULT 0
 );
 """
-# Readers of a background response's events look this often for new ones: SQLite has no way to
-# wake a reader in another process (one in this process is handed each append: design.md 10.2).
-_POLL = 0.05
 
 
 class SQLiteBackend:
@@ -46,8 +43,7 @@ class SQLiteBackend:
         self._max = max_responses
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
-        self._readers: dict[str, list[asyncio.Future[None]]] = {}  # of each response's events, here
-        self._appended: dict[str, list[tuple[int, bytes]]] = {}  # each run's last events kept from here
+        self._here = KeptHere()
 
     async def put(self, record: StoredResponse) -> None:
         await self._run(self._put, record)
@@ -59,6 +55,7 @@ class SQLiteBackend:
         return await self._run(self._items, ids, owner)
 
     async def delete(self, id: str, owner: str) -> bool:
+        self._here.forget(id)
         return await self._run(self._delete, id, owner)
 
     async def close(self) -> None:
@@ -67,41 +64,20 @@ class SQLiteBackend:
 
     async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
         await self._run(self._append, id, events)
-        self._appended[id] = list(events)
-        for reader in self._readers.get(id, ()):
-            if not reader.done():
-                reader.set_result(None)
+        self._here.kept(id, events)
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         deadline = time.monotonic() + wait
-        woken = True
+        quiet = False  # a poll interval passed without a batch kept here: the file may hold one
         while True:
-            # Waiting before the read: an append that lands between the two still wakes it.
-            appended = asyncio.get_running_loop().create_future()
-            readers = self._readers.setdefault(id, [])
-            readers.append(appended)
-            try:
-                found = self._just_appended(id, after) if woken else None
-                if found is None:
-                    found = await self._run(self._events, id, after)
-                left = deadline - time.monotonic()
-                if found or left <= 0:
-                    return found
-                woken = bool((await asyncio.wait([appended], timeout=min(_POLL, left)))[0])
-            finally:
-                readers.remove(appended)
-                if not readers:
-                    self._readers.pop(id, None)
-
-    def _just_appended(self, id: str, after: int) -> list[tuple[int, bytes]] | None:
-        """The events past `after` from this process's last append of the run, if they are
-        all there is: a follower of a run here is handed what was kept, unread (design.md
-        10.2). None when the file must be read. Caught up here may still miss an event
-        another replica kept after a takeover: a poll interval without an append reads it."""
-        last = self._appended.get(id)
-        if not last or not last[0][0] <= after + 1 <= last[-1][0] + 1:
-            return None
-        return last[after + 1 - last[0][0] :]
+            found = None if quiet else self._here.after(id, after)
+            if found is None:
+                # What the file lacks may have been kept here while it was read.
+                found = await self._run(self._events, id, after) or self._here.after(id, after) or []
+            left = deadline - time.monotonic()
+            if found or left <= 0:
+                return found
+            quiet = not await self._here.next(id, min(POLL, left))
 
     async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
         await self._run(self._write, "INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)", (id, owner, holder, time.time() + lease))
@@ -111,7 +87,7 @@ class SQLiteBackend:
 
     async def release(self, id: str) -> None:
         await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
-        self._appended.pop(id, None)
+        self._here.forget(id)
 
     async def cancel(self, id: str) -> None:
         await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,))

@@ -19,7 +19,7 @@ logprobs with top_logprobs 5. Measured:
    end) with `store: true`, kept in SQLite and in Redis, against `store: false`;
 8. what a background stream costs: CPU per text event (as 3, one chunk per read) and time to
    the first text event (as 2) with `background: true`, against the same stream kept in the
-   foreground.
+   foreground, in SQLite and in Redis.
 
 Everything but 7 and 8 asks with `store: false`: the translation alone, against the baseline.
 """
@@ -258,14 +258,17 @@ async def bench(s: dict, run: dict, sides: list[Side], redis: Side | None) -> li
         for kind in ("call", "stream"):
             entry[kind] = {"p50": pct(entry[kind], 0.5), "p99": pct(entry[kind], 0.99), "samples": len(entry[kind])}
 
-    # 8: a background stream against the same stream kept in the foreground.
-    background = replace(proxy, name="background", options={"store": True, "background": True})
-    phase("8", f"background streams: CPU per event as 3 (one chunk per read) and time to the first event as 2, against {kept.name} in the foreground")
-    loads = {side.name: Load() for side in (kept, background)}
-    firsts: dict[str, list[float]] = {side.name: [] for side in (kept, background)}
-    clients = {side.name: side.client() for side in (kept, background)}
+    # 8: a background stream against the same stream kept in the foreground, in each store.
+    pairs = [(kept, replace(kept, name="background", options={"store": True, "background": True}))]
+    if redis:
+        pairs.append((redis, replace(redis, name="background-redis", options={"store": True, "background": True})))
+    bg_sides = [side for pair in pairs for side in pair]
+    phase("8", f"background streams: CPU per event as 3 (one chunk per read) and time to the first event as 2, against the foreground ({', '.join(side.name for side in bg_sides)})")
+    loads = {side.name: Load() for side in bg_sides}
+    firsts: dict[str, list[float]] = {side.name: [] for side in bg_sides}
+    clients = {side.name: side.client() for side in bg_sides}
     for r in range(s["cpu_rounds"]):
-        for side in turn([kept, background], r):
+        for side in turn(bg_sides, r):
             loads[side.name].add(await drive(side, n=s["cpu_n"], concurrency=s["cpu_streams"], k=1, pace=s["cpu_pace"], spread=1 / s["cpu_pace"]))
             firsts[side.name] += await latencies(clients[side.name], side, s["first_n"], s["store_per_round"], stream=True, pace=s["first_pace"])
     for client in clients.values():
@@ -411,13 +414,16 @@ def rows(s: dict, results: dict) -> list[Row]:
                 f"{entry[kind]['samples']} samples, {s['lat_n']} tokens; CPU {cpu * 1e6:+.0f} us a call ({counted})",
             ))
     r = results["background"]
-    fg, bg = r["sqlite"], r["background"]
-    failed = fg["failed"] + bg["failed"]
-    out.append(Row(
-        "background stream: CPU per text event, vs kept in the foreground",
-        f"{bg['us_per_event']:.1f} us", "-", "-", f"{bg['us_per_event'] / fg['us_per_event']:.2f}x", "-", None,
-        f"foreground {fg['us_per_event']:.1f} us; first text event p50 {ms(bg['first_p50'] - fg['first_p50'], True)}" + (f"; {failed} streams FAILED" if failed else ""),
-    ))
+    for foreground, background, where in (("sqlite", "background", "SQLite"), ("redis", "background-redis", "Redis")):
+        if background not in r:
+            continue
+        fg, bg = r[foreground], r[background]
+        failed = fg["failed"] + bg["failed"]
+        out.append(Row(
+            f"background stream in {where}: CPU per text event, vs kept in the foreground",
+            f"{bg['us_per_event']:.1f} us", "-", "-", f"{bg['us_per_event'] / fg['us_per_event']:.2f}x", "-", None,
+            f"foreground {fg['us_per_event']:.1f} us; first text event p50 {ms(bg['first_p50'] - fg['first_p50'], True)}" + (f"; {failed} streams FAILED" if failed else ""),
+        ))
     return out
 
 
