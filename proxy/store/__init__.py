@@ -46,16 +46,23 @@ class _ItemId(msgspec.Struct):
     id: str | None = None
 
 
-_item_ids = msgspec.json.Decoder(list[_ItemId]).decode
+class _Output(msgspec.Struct):
+    output: list[msgspec.Raw]
+
+
+_item_id = msgspec.json.Decoder(_ItemId).decode
 _raw_items = msgspec.json.Decoder(list[msgspec.Raw]).decode
-_output = msgspec.json.Decoder(dict[str, msgspec.Raw]).decode
+_output = msgspec.json.Decoder(_Output).decode
 
 
 def record_items(record: StoredResponse) -> list[tuple[str, bytes]]:
-    """(id, JSON) of every item of the record, input and output, for `item_reference`."""
+    """(id, JSON) of every item of the record, input and output, for `item_reference`: each
+    item's bytes read twice (its place, then its id), the scores in them most of it."""
     found = []
-    for raw in (record.input_items, _output(record.response)["output"]):
-        found += [(item.id, bytes(data)) for item, data in zip(_item_ids(raw), _raw_items(raw), strict=True) if item.id]
+    for item in (*_raw_items(record.input_items), *_output(record.response).output):
+        id = _item_id(item).id
+        if id:
+            found.append((id, bytes(item)))
     return found
 
 
