@@ -25,7 +25,7 @@ import orjson
 from .config import Background
 from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
 from .responses.translate import ResponseTranslator, encoded_event
-from .store import ResponseStore, StoredResponse
+from .store import ResponseStore, Runs, StoredResponse
 from .upstream.client import Exchange
 
 log = logging.getLogger("proxy.background")
@@ -52,22 +52,24 @@ class BackgroundRuns:
         self._stopping = False
         self.sweeper = asyncio.create_task(self._sweep())  # lives as long as the process
 
-    async def admit(self, owner: str) -> None:
-        """Refuse a run past the caps: in all, and for this key (design.md 10.5)."""
-        total, mine = await self._store.running(owner)
+    async def start(self, translator: ResponseTranslator, record: Record, owner: str, post: Post) -> dict[str, Any]:
+        """Take the lease within the caps (in all, and for this key: design.md 10.5), keep the
+        queued response, run it; the queued response."""
+        queued = translator.progress()
+        id = queued["id"]
         limits = self._settings
-        if total >= limits.max_running or mine >= limits.max_running_per_key:
+        found = await self._store.claim(id, owner, self.holder, limits.lease, Runs(limits.max_running, limits.max_running_per_key))
+        if found is not None:
             raise TooManyRequests(
-                f"{mine} background responses of this key and {total} in all are running (limits: "
+                f"{found.mine} background responses of this key and {found.total} in all are running (limits: "
                 f"{limits.max_running_per_key} a key, {limits.max_running} in all); wait for one to end."
             )
-
-    async def start(self, translator: ResponseTranslator, record: Record, owner: str, post: Post) -> dict[str, Any]:
-        """Keep the queued response, take its lease, run it; the queued response."""
-        queued = translator.progress()
-        await self._store.put(record(queued))
-        await self._store.claim(queued["id"], owner, self.holder, self._settings.lease)
-        id = queued["id"]
+        try:
+            await self._store.put(record(queued))
+        except StoreUnavailable:
+            with contextlib.suppress(StoreUnavailable):
+                await self._store.release(id)
+            raise
         self._runs[id] = asyncio.create_task(self._run(id, translator, record, post))
         self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
         return queued

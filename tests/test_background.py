@@ -176,6 +176,16 @@ async def test_the_cap_of_all_keys_together(upstream: FakeUpstream, start_proxy,
     assert statuses == [200, 200, 429] and envelope(orjson.loads(raw), "rate_limit_exceeded")
 
 
+async def test_requests_that_arrive_together_cannot_pass_a_cap(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
+    """The caps are counted and the lease taken in one step (design.md 10.5): of ten requests
+    sent at once to two replicas, as many run as the cap allows."""
+    config = replica_config(upstream, store, background={"max_running": 3, "max_running_per_key": 3})
+    urls = [await start_proxy(config), await start_proxy(config)]
+    upstream.script(Reply(slow_text(), stall_after=3))
+    answers = await asyncio.gather(*(post(http, urls[i % 2], {**BODY, "background": True}) for i in range(10)))
+    assert sorted(status for status, _, _ in answers) == [200] * 3 + [429] * 7
+
+
 async def test_input_items_keep_their_ids_while_a_response_runs(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession) -> None:
     """Items sent without ids get them once: the snapshots of a running response and its final
     record list the same items under the same ids (design.md 9.3, 10.2)."""

@@ -30,7 +30,6 @@ async def start(request: web.Request, translator: ResponseTranslator, record: Re
     runs = runs_of(request)
     if record is None:
         raise InvalidRequest("A background response is stored: it cannot have store: false.", param="store")
-    await runs.admit(request[OWNER])
     queued = await runs.start(translator, record, request[OWNER], post)
     return await follow(request, queued["id"], -1) if stream else json_response(queued)
 

@@ -105,8 +105,10 @@ class Backend(Protocol):
         """The events past sequence number `after`, waiting up to `wait` seconds for one."""
         ...
 
-    async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
-        """`holder` runs the response, for `lease` seconds unless renewed."""
+    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
+        """`holder` runs the response, for `lease` seconds unless renewed, if fewer runs than
+        `caps` hold a live lease; else the runs found, and nothing taken. One step, so that
+        requests arriving together cannot pass a cap (design.md 10.5)."""
         ...
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal: ...
@@ -117,10 +119,6 @@ class Backend(Protocol):
 
     async def cancel(self, id: str) -> None:
         """Ask the run to stop, if one is running."""
-        ...
-
-    async def running(self, owner: str) -> tuple[int, int]:
-        """How many runs hold a live lease: in all, and `owner`'s."""
         ...
 
     async def take(self, id: str, holder: str, lease: float) -> bool:
@@ -147,6 +145,10 @@ class KeptHere:
         self._last: dict[str, list[tuple[int, bytes]]] = {}
         self._readers: dict[str, list[asyncio.Future[None]]] = {}
 
+    def running(self, id: str) -> None:
+        """The run is here, and has kept nothing yet: its first reader waits for its first batch."""
+        self._last.setdefault(id, [])
+
     def kept(self, id: str, events: list[tuple[int, bytes]]) -> None:
         if events:
             self._last[id] = list(events)
@@ -159,9 +161,10 @@ class KeptHere:
         reader caught up, or ahead (it read the backend before this process saw its append
         end); None for a reader behind that batch, or of a run not kept here."""
         last = self._last.get(id)
-        if last is None or after + 1 < last[0][0]:
+        first = last[0][0] if last else 0
+        if last is None or after + 1 < first:
             return None
-        return last[after + 1 - last[0][0] :]
+        return last[after + 1 - first :]
 
     async def next(self, id: str, timeout: float) -> bool:
         """Wait up to `timeout` seconds for the run's next batch kept here; whether it came."""
@@ -182,6 +185,14 @@ class KeptHere:
 
     def forget(self, id: str) -> None:
         self._last.pop(id, None)
+
+
+class Runs(msgspec.Struct, frozen=True):
+    """A number of runs that hold a live lease (found, or the most allowed): in all, and one
+    owner's."""
+
+    total: int
+    mine: int
 
 
 class Renewal(msgspec.Struct, frozen=True):
@@ -239,8 +250,8 @@ class ResponseStore:
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         return await self._guard("events", self.backend.events(id, after, wait), wait)
 
-    async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
-        await self._guard("claim", self.backend.claim(id, owner, holder, lease))
+    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
+        return await self._guard("claim", self.backend.claim(id, owner, holder, lease, caps))
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         return await self._guard("renew", self.backend.renew(id, holder, lease))
@@ -250,9 +261,6 @@ class ResponseStore:
 
     async def cancel(self, id: str) -> None:
         await self._guard("cancel", self.backend.cancel(id))
-
-    async def running(self, owner: str) -> tuple[int, int]:
-        return await self._guard("running", self.backend.running(owner))
 
     async def take(self, id: str, holder: str, lease: float) -> bool:
         return await self._guard("take", self.backend.take(id, holder, lease))

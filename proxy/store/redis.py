@@ -10,10 +10,26 @@ from typing import cast
 import msgspec
 from redis.asyncio import Redis
 
-from . import POLL, KeptHere, Renewal, StoredResponse, decode_record, encode_record, record_items
+from . import POLL, KeptHere, Renewal, Runs, StoredResponse, decode_record, encode_record, record_items
 
-# A run's lease lives in a sorted set (score: when it ends) and its holder and cancel flag in a
-# hash; renewing and taking over must read and write them in one step.
+# A run's lease lives in a sorted set (score: when it ends) and its owner, holder and cancel flag
+# in a hash; claiming within the caps, renewing and taking over read and write them in one step.
+_CLAIM = """
+local running = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[2], '+inf')
+local mine = 0
+for _, id in ipairs(running) do
+  if redis.call('HGET', ARGV[9] .. id, 'owner') == ARGV[4] then
+    mine = mine + 1
+  end
+end
+if #running >= tonumber(ARGV[7]) or mine >= tonumber(ARGV[8]) then
+  return {#running, mine}
+end
+redis.call('HSET', KEYS[2], 'owner', ARGV[4], 'holder', ARGV[5], 'cancel', '0')
+redis.call('EXPIRE', KEYS[2], ARGV[6])
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
+return {}
+"""
 _RENEW = """
 local held = 0
 if redis.call('HGET', KEYS[2], 'holder') == ARGV[2] then
@@ -65,6 +81,7 @@ class RedisBackend:
         self._redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
         # Readers that wait for a background response's next event block longer than any call.
         self._waiting = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout)
+        self._claim = self._redis.register_script(_CLAIM)
         self._renew = self._redis.register_script(_RENEW)
         self._take = self._redis.register_script(_TAKE)
         self._append = self._redis.register_script(_APPEND)
@@ -155,12 +172,15 @@ class RedisBackend:
             entries = streams[0][1] if streams else []
         return [(int(entry_id.decode().split("-")[1]) - 1, fields[b"e"]) for entry_id, fields in entries]
 
-    async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(self._run_key(id), mapping={"owner": owner, "holder": holder, "cancel": "0"})
-            pipe.expire(self._run_key(id), self._ttl)
-            pipe.zadd(self._runs, {id: time.time() + lease})
-            await pipe.execute()
+    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
+        now = time.time()
+        found = await self._claim(
+            keys=[self._runs, self._run_key(id)], args=[id, now, now + lease, owner, holder, self._ttl, caps.total, caps.mine, self._run_key("")]
+        )
+        if found:
+            return Runs(int(found[0]), int(found[1]))
+        self._here.running(id)
+        return None
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         held, cancel = await self._renew(keys=[self._runs, self._run_key(id)], args=[id, holder, time.time() + lease])
@@ -176,10 +196,6 @@ class RedisBackend:
     async def cancel(self, id: str) -> None:
         if await self._redis.exists(self._run_key(id)):  # a flag alone would make a stray run hash
             await self._redis.hset(self._run_key(id), "cancel", "1")
-
-    async def running(self, owner: str) -> tuple[int, int]:
-        owners = await self._owners(time.time(), "+inf")
-        return len(owners), sum(found == owner for _, found in owners)
 
     async def take(self, id: str, holder: str, lease: float) -> bool:
         now = time.time()

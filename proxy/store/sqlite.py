@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from . import POLL, KeptHere, Renewal, StoredResponse, decode_record, encode_record, record_items
+from . import POLL, KeptHere, Renewal, Runs, StoredResponse, decode_record, encode_record, record_items
 
 T = TypeVar("T")
 
@@ -79,8 +79,11 @@ class SQLiteBackend:
                 return found
             quiet = not await self._here.next(id, min(POLL, left))
 
-    async def claim(self, id: str, owner: str, holder: str, lease: float) -> None:
-        await self._run(self._write, "INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)", (id, owner, holder, time.time() + lease))
+    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
+        found = await self._run(self._claim, id, owner, holder, lease, caps)
+        if found is None:
+            self._here.running(id)
+        return found
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         return await self._run(self._renew, id, holder, lease)
@@ -91,9 +94,6 @@ class SQLiteBackend:
 
     async def cancel(self, id: str) -> None:
         await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,))
-
-    async def running(self, owner: str) -> tuple[int, int]:
-        return await self._run(self._running, owner)
 
     async def take(self, id: str, holder: str, lease: float) -> bool:
         now = time.time()
@@ -193,10 +193,16 @@ class SQLiteBackend:
         row = self._connection().execute("SELECT cancel FROM runs WHERE response_id = ?", (id,)).fetchone()
         return Renewal(held=held, cancel=bool(row and row[0]))
 
-    def _running(self, owner: str) -> tuple[int, int]:
-        rows = self._connection().execute("SELECT COUNT(*), COALESCE(SUM(owner = ?), 0) FROM runs WHERE lease_until >= ?", (owner, time.time()))
-        total, mine = rows.fetchone()
-        return int(total), int(mine)
+    def _claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
+        db = self._connection()
+        now = time.time()
+        with db:
+            db.execute("BEGIN IMMEDIATE")
+            total, mine = db.execute("SELECT COUNT(*), COALESCE(SUM(owner = ?), 0) FROM runs WHERE lease_until >= ?", (owner, now)).fetchone()
+            if total >= caps.total or mine >= caps.mine:
+                return Runs(int(total), int(mine))
+            db.execute("INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)", (id, owner, holder, now + lease))
+        return None
 
     def _expired(self) -> list[tuple[str, str]]:
         return list(self._connection().execute("SELECT response_id, owner FROM runs WHERE lease_until < ?", (time.time(),)))
