@@ -233,4 +233,4 @@ class _EventLog:
         run that goes quiet still leaves its latest state (10.4 ends it from there)."""
         await asyncio.sleep(self._snapshot_at + self._interval - self._loop.time())
         self._snapshot_at = self._loop.time()
-        await self._store.save(self._record(self._translator.progress()))
+        await self._store.save(self._record(self._translator.progress()), items=False)

@@ -236,6 +236,27 @@ async def test_a_run_that_ends_while_the_store_is_down_is_kept_when_it_is_back(
         server.stop()
 
 
+async def test_the_items_of_a_running_response_can_be_referred_to_once_it_ends(
+    upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession
+) -> None:
+    """A running response is kept again at every snapshot, with all it made so far; its items
+    are kept for `item_reference` once it ends (design.md 10.2)."""
+    one, other = replicas
+    upstream.script(Reply(slow_text(), stall_after=3), Reply(slow_text(2)))
+    _, _, raw = await post(http, one, {**BODY, "background": True})
+    id = orjson.loads(raw)["id"]
+    async with asyncio.timeout(5):
+        while not (running := await get(http, other, id))["output"]:
+            await asyncio.sleep(0.05)
+    reference = {**BODY, "input": [{"type": "item_reference", "id": running["output"][0]["id"]}]}
+    status, _, raw = await post(http, other, reference)
+    assert status == 400 and envelope(orjson.loads(raw))["param"] == "input[0].id"
+    async with http.post(f"{other}/v1/responses/{id}/cancel") as response:
+        assert response.status == 200
+    status, _, raw = await post(http, other, reference)
+    assert status == 200, raw
+
+
 async def test_delete_forgets_a_background_response_with_its_events(
     upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession, store: dict[str, Any]
 ) -> None:

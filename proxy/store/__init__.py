@@ -77,7 +77,9 @@ _SWEEP_EVERY = 64
 
 
 class Backend(Protocol):
-    async def put(self, record: StoredResponse) -> None: ...
+    async def put(self, record: StoredResponse, items: bool) -> None:
+        """Keep a record whole; with `items`, its items too, for `item_reference`."""
+        ...
 
     async def sweep(self) -> None:
         """Drop what expired, and the oldest responses past the size bound."""
@@ -212,18 +214,20 @@ class ResponseStore:
     def health(self) -> dict[str, Any]:
         return {"ok": self.failing_since is None, "failing_since": self.failing_since, "error": self.last_error or None}
 
-    async def put(self, record: StoredResponse) -> None:
-        await self._guard("put", self.backend.put(record))
+    async def put(self, record: StoredResponse, *, items: bool = True) -> None:
+        """`items`: the record's items can be referred to. A running response's are not: what
+        it made so far is rewritten at every snapshot (design.md 10.2)."""
+        await self._guard("put", self.backend.put(record, items))
         self._writes += 1
         if self._writes % _SWEEP_EVERY == 1:
             with contextlib.suppress(StoreUnavailable):  # counted and shown; the response is kept
                 await self._guard("sweep", self.backend.sweep())
 
-    async def save(self, record: StoredResponse) -> bool:
-        """Keep a response; a failure is logged and counted, never raised: the answer it
-        belongs to goes out all the same."""
+    async def save(self, record: StoredResponse, *, items: bool = True) -> bool:
+        """Keep a response (`put`); a failure is logged and counted, never raised: the answer
+        it belongs to goes out all the same."""
         try:
-            await self.put(record)
+            await self.put(record, items=items)
         except StoreUnavailable as error:
             log.error("response %s was not stored: %s", record.id, error.message)
             return False

@@ -111,10 +111,10 @@ class RedisBackend:
     def _run_key(self, id: str) -> str:
         return f"{self._prefix}run:{id}"
 
-    async def put(self, record: StoredResponse) -> None:
-        items = record_items(record)
-        keys = [self._response_key(record.id), self._index, *(self._item_key(record.owner, item_id) for item_id, _ in items)]
-        entries = (_encode_entry(_ItemEntry(record.id, msgspec.Raw(item))) for _, item in items)
+    async def put(self, record: StoredResponse, items: bool) -> None:
+        found = record_items(record) if items else []
+        keys = [self._response_key(record.id), self._index, *(self._item_key(record.owner, item_id) for item_id, _ in found)]
+        entries = (_encode_entry(_ItemEntry(record.id, msgspec.Raw(item))) for _, item in found)
         await self._put(keys=keys, args=[encode_record(record), self._ttl, record.created_at, record.id, *entries])
 
     async def sweep(self) -> None:

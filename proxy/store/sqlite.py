@@ -44,9 +44,10 @@ class SQLiteBackend:
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
         self._here = KeptHere()
+        self._appends: list[tuple[str, list[tuple[int, bytes]], asyncio.Future[None]]] = []  # for the next transaction
 
-    async def put(self, record: StoredResponse) -> None:
-        await self._run(self._put, record)
+    async def put(self, record: StoredResponse, items: bool) -> None:
+        await self._run(self._put, record, items)
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         return await self._run(self._get, ids, owner)
@@ -63,8 +64,31 @@ class SQLiteBackend:
         self._thread.shutdown()
 
     async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
-        await self._run(self._append, id, events)
+        loop = asyncio.get_running_loop()
+        written = loop.create_future()
+        if not self._appends:
+            loop.call_soon(self._write_appends)
+        self._appends.append((id, events, written))
+        await written
         self._here.kept(id, events)
+
+    def _write_appends(self) -> None:
+        """The appends of every run made in one turn of the event loop, in one transaction: an
+        SGLang decode step reaches all its streams at once (design.md 10.2)."""
+        appends, self._appends = self._appends, []
+        job = asyncio.get_running_loop().run_in_executor(self._thread, self._append, [(id, events) for id, events, _ in appends])
+
+        def settle(job: asyncio.Future[None]) -> None:
+            error = asyncio.CancelledError() if job.cancelled() else job.exception()
+            for _, _, written in appends:
+                if written.done():  # its writer stopped waiting (a timeout, a cancelled run)
+                    continue
+                if error is None:
+                    written.set_result(None)
+                else:
+                    written.set_exception(error)
+
+        job.add_done_callback(settle)
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         deadline = time.monotonic() + wait
@@ -118,7 +142,7 @@ class SQLiteBackend:
             self._db = db
         return self._db
 
-    def _put(self, record: StoredResponse) -> None:
+    def _put(self, record: StoredResponse, items: bool) -> None:
         db = self._connection()
         expires = time.time() + self._ttl
         with db:  # one transaction: a response is kept whole or not at all
@@ -129,7 +153,7 @@ class SQLiteBackend:
             )
             db.executemany(
                 "INSERT OR REPLACE INTO items (owner, id, response_id, expires_at, item) VALUES (?, ?, ?, ?, ?)",
-                [(record.owner, item_id, record.id, expires, item) for item_id, item in record_items(record)],
+                [(record.owner, item_id, record.id, expires, item) for item_id, item in record_items(record)] if items else [],
             )
 
     async def sweep(self) -> None:
@@ -177,12 +201,13 @@ class SQLiteBackend:
             db.execute("BEGIN IMMEDIATE")
             return db.execute(statement, values).rowcount
 
-    def _append(self, id: str, events: list[tuple[int, bytes]]) -> None:
+    def _append(self, appends: list[tuple[str, list[tuple[int, bytes]]]]) -> None:
         db = self._connection()
         expires = time.time() + self._ttl
+        rows = [(id, seq, expires, event) for id, events in appends for seq, event in events]
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT OR REPLACE INTO events (response_id, seq, expires_at, event) VALUES (?, ?, ?, ?)", [(id, seq, expires, event) for seq, event in events])
+            db.executemany("INSERT OR REPLACE INTO events (response_id, seq, expires_at, event) VALUES (?, ?, ?, ?)", rows)
 
     def _events(self, id: str, after: int) -> list[tuple[int, bytes]]:
         rows = self._connection().execute("SELECT seq, event FROM events WHERE response_id = ? AND seq > ? ORDER BY seq", (id, after))
