@@ -379,3 +379,21 @@ async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upst
         await reads.close()
         await here.close()
         await there.close()
+
+
+async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upstream: FakeUpstream, tmp_path) -> None:
+    """design.md 10.2: the appends of every run made in one turn of the event loop (an SGLang
+    decode step reaches all its streams at once) share one SQLite transaction."""
+    settings = replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}).store
+    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
+    assert here is not None and there is not None
+    statements: list[str] = []
+    here.backend._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
+    try:
+        await asyncio.gather(*(here.append(f"resp_{i}", [(0, f"event of {i}".encode())]) for i in range(8)))
+        assert statements.count("BEGIN IMMEDIATE") == 1
+        for i in range(8):
+            assert await there.events(f"resp_{i}", -1, 0) == [(0, f"event of {i}".encode())]
+    finally:
+        await here.close()
+        await there.close()

@@ -14,6 +14,7 @@ from . import POLL, KeptHere, Renewal, Runs, StoredResponse, decode_record, enco
 
 # A run's lease lives in a sorted set (score: when it ends) and its owner, holder and cancel flag
 # in a hash; claiming within the caps, renewing and taking over read and write them in one step.
+# The claim reads every running run's hash by its name: one Redis server, not a cluster.
 _CLAIM = """
 local running = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[2], '+inf')
 local mine = 0
