@@ -397,3 +397,18 @@ async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upst
     finally:
         await here.close()
         await there.close()
+
+
+async def test_a_batch_sent_again_is_kept_once(upstream: FakeUpstream, store: dict[str, Any]) -> None:
+    """design.md 10.2: a batch whose answer was lost (a store timeout after the write) waits in
+    the run and goes again with the next events; the store keeps each event once."""
+    settings = replica_config(upstream, store).store
+    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
+    assert here is not None and there is not None
+    try:
+        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
+        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")])
+        assert await there.events("resp_1", -1, 0) == [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")]
+    finally:
+        await here.close()
+        await there.close()

@@ -58,10 +58,17 @@ for i = 3, #KEYS do
 end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 """
-# A batch of a run's events (stream ids: the sequence numbers) and the key's time to live:
+# A batch of a run's events (ARGV[2...]: sequence number, event; ids as `_stream_id` makes them)
+# and the key's time to live (ARGV[1]). Events the stream holds already are left out: a batch whose answer was lost is sent
+# again, and an id at or below the stream's last is an error to XADD.
 _APPEND = """
+local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+local last = top and tonumber(string.match(top[1], '%-(%d+)$')) or 0
 for i = 2, #ARGV, 2 do
-  redis.call('XADD', KEYS[1], ARGV[i], 'e', ARGV[i + 1])
+  local n = tonumber(ARGV[i]) + 1
+  if n > last then
+    redis.call('XADD', KEYS[1], '0-' .. n, 'e', ARGV[i + 1])
+  end
 end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
 """
@@ -153,7 +160,7 @@ class RedisBackend:
         return True
 
     async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
-        await self._append(keys=[self._events_key(id)], args=[self._ttl, *(part for seq, event in events for part in (_stream_id(seq), event))])
+        await self._append(keys=[self._events_key(id)], args=[self._ttl, *(part for seq, event in events for part in (seq, event))])
         self._here.kept(id, events)
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
