@@ -66,7 +66,7 @@ class BackgroundRuns:
             )
         try:
             await self._store.put(record(queued))
-        except StoreUnavailable:
+        except BaseException:  # the store failed, or the request was cancelled meanwhile
             with contextlib.suppress(StoreUnavailable):
                 await self._store.release(id)
             raise

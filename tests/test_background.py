@@ -15,9 +15,10 @@ import pytest
 import redis.asyncio
 
 from proxy.config import parse
+from proxy.errors import StoreUnavailable
 from proxy.metrics import Metrics
 from proxy.runtime import open_store
-from proxy.store import ResponseStore
+from proxy.store import ResponseStore, Runs
 from tests.client import LOGPROBS, envelope, eventually, parse_sse, read_events, validate_response
 from tests.events import sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
@@ -337,7 +338,7 @@ class StoreReads:
 
     async def count(self) -> int:
         if self._redis is None:
-            return sum(statement.startswith("SELECT seq, event") for statement in self._sqlite)
+            return sum(statement.startswith("SELECT seq, event") and " AND seq > " in statement for statement in self._sqlite)
         stats = await self._redis.info("commandstats")
         return sum(stats.get(f"cmdstat_{command}", {}).get("calls", 0) for command in ("xread", "xrange"))
 
@@ -390,25 +391,47 @@ async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upst
     statements: list[str] = []
     here.backend._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
     try:
-        await asyncio.gather(*(here.append(f"resp_{i}", [(0, f"event of {i}".encode())]) for i in range(8)))
+        await there.append("resp_7", [(0, b"kept first")])
+        answers = await asyncio.gather(*(here.append(f"resp_{i}", [(0, f"event of {i}".encode())]) for i in range(8)), return_exceptions=True)
         assert statements.count("BEGIN IMMEDIATE") == 1
-        for i in range(8):
+        assert answers[:7] == [None] * 7 and isinstance(answers[7], StoreUnavailable)  # a clash refuses its own batch only
+        for i in range(7):
             assert await there.events(f"resp_{i}", -1, 0) == [(0, f"event of {i}".encode())]
+        assert await there.events("resp_7", -1, 0) == [(0, b"kept first")]
     finally:
         await here.close()
         await there.close()
 
 
-async def test_a_batch_sent_again_is_kept_once(upstream: FakeUpstream, store: dict[str, Any]) -> None:
+async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: FakeUpstream, store: dict[str, Any]) -> None:
     """design.md 10.2: a batch whose answer was lost (a store timeout after the write) waits in
-    the run and goes again with the next events; the store keeps each event once."""
+    the run and goes again with the next events; the store keeps each event once. A batch that
+    holds an event kept already with other bytes (another replica took the run over) is
+    refused whole, and what was kept stays."""
     settings = replica_config(upstream, store).store
     here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
     assert here is not None and there is not None
     try:
         await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
         await here.append("resp_1", [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")])
+        with pytest.raises(StoreUnavailable):
+            await there.append("resp_1", [(2, b"failed, by a replica that took over"), (3, b"event 3")])
         assert await there.events("resp_1", -1, 0) == [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")]
+    finally:
+        await here.close()
+        await there.close()
+
+
+async def test_one_who_cannot_wait_reads_the_store(upstream: FakeUpstream, store: dict[str, Any]) -> None:
+    """A run claimed here has kept nothing here yet, but the store may hold its events (another
+    replica ended it after a takeover): a read that cannot wait (the sweeper's) reads the store."""
+    settings = replica_config(upstream, store).store
+    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
+    assert here is not None and there is not None
+    try:
+        assert await here.claim("resp_1", "owner", "here", 10.0, Runs(10, 10)) is None
+        await there.append("resp_1", [(0, b"event 0")])
+        assert await here.events("resp_1", -1, 0) == [(0, b"event 0")]
     finally:
         await here.close()
         await there.close()

@@ -180,10 +180,10 @@ class KeptHere:
             return await reader
         finally:
             expiry.cancel()
-            if reader in readers:
+            if self._readers.get(id) is readers:  # else an append took them all
                 readers.remove(reader)
-            if not readers and self._readers.get(id) is readers:
-                del self._readers[id]
+                if not readers:
+                    del self._readers[id]
 
     def forget(self, id: str) -> None:
         self._last.pop(id, None)

@@ -59,8 +59,9 @@ end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 """
 # A batch of a run's events (ARGV[2...]: sequence number, event; ids as `_stream_id` makes them)
-# and the key's time to live (ARGV[1]). Events the stream holds already are left out: a batch whose answer was lost is sent
-# again, and an id at or below the stream's last is an error to XADD.
+# and the key's time to live (ARGV[1]). An event the stream holds already as it is stays (a batch
+# whose answer was lost goes again); one it holds with other bytes refuses the batch (another
+# replica took the run over). Sequence numbers rise, so a refusal comes before any XADD.
 _APPEND = """
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
 local last = top and tonumber(string.match(top[1], '%-(%d+)$')) or 0
@@ -68,6 +69,11 @@ for i = 2, #ARGV, 2 do
   local n = tonumber(ARGV[i]) + 1
   if n > last then
     redis.call('XADD', KEYS[1], '0-' .. n, 'e', ARGV[i + 1])
+  else
+    local held = redis.call('XRANGE', KEYS[1], '0-' .. n, '0-' .. n)[1]
+    if not held or held[2][2] ~= ARGV[i + 1] then
+      return redis.error_reply('event ' .. ARGV[i] .. ' of ' .. KEYS[1] .. ' is kept already, with other bytes')
+    end
   end
 end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
@@ -165,7 +171,8 @@ class RedisBackend:
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         deadline = time.monotonic() + wait
-        while (found := self._here.after(id, after)) is not None:  # a run here: its batches, unread
+        # A run here: its batches, unread; the store holds what was not kept here, for one who cannot wait.
+        while wait > 0 and (found := self._here.after(id, after)) is not None:
             left = deadline - time.monotonic()
             if found or left <= 0:
                 return found
@@ -195,11 +202,13 @@ class RedisBackend:
         return Renewal(held=bool(held), cancel=bool(cancel))
 
     async def release(self, id: str) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._run_key(id))
-            pipe.zrem(self._runs, id)
-            await pipe.execute()
-        self._here.forget(id)
+        try:
+            async with self._redis.pipeline(transaction=True) as pipe:
+                pipe.delete(self._run_key(id))
+                pipe.zrem(self._runs, id)
+                await pipe.execute()
+        finally:
+            self._here.forget(id)
 
     async def cancel(self, id: str) -> None:
         if await self._redis.exists(self._run_key(id)):  # a flag alone would make a stray run hash

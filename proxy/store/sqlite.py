@@ -76,23 +76,29 @@ class SQLiteBackend:
         """The appends of every run made in one turn of the event loop, in one transaction: an
         SGLang decode step reaches all its streams at once (design.md 10.2)."""
         appends, self._appends = self._appends, []
-        job = asyncio.get_running_loop().run_in_executor(self._thread, self._append, [(id, events) for id, events, _ in appends])
 
-        def settle(job: asyncio.Future[None]) -> None:
-            error = asyncio.CancelledError() if job.cancelled() else job.exception()
-            for _, _, written in appends:
+        def settle(job: asyncio.Future[list[str | None]]) -> None:
+            failed = asyncio.CancelledError() if job.cancelled() else job.exception()
+            refusals = [None] * len(appends) if failed is not None else job.result()
+            for (_, _, written), refused in zip(appends, refusals, strict=True):
                 if written.done():  # its writer stopped waiting (a timeout, a cancelled run)
                     continue
+                error = failed or (ValueError(refused) if refused else None)
                 if error is None:
                     written.set_result(None)
                 else:
                     written.set_exception(error)
 
+        try:
+            job = asyncio.get_running_loop().run_in_executor(self._thread, self._append, [(id, events) for id, events, _ in appends])
+        except RuntimeError as error:  # the store was closed
+            job = asyncio.get_running_loop().create_future()
+            job.set_exception(error)
         job.add_done_callback(settle)
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         deadline = time.monotonic() + wait
-        quiet = False  # a poll interval passed without a batch kept here: the file may hold one
+        quiet = wait <= 0  # the file may hold what was not kept here: read it, for one who cannot wait
         while True:
             found = None if quiet else self._here.after(id, after)
             if found is None:
@@ -113,8 +119,10 @@ class SQLiteBackend:
         return await self._run(self._renew, id, holder, lease)
 
     async def release(self, id: str) -> None:
-        await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
-        self._here.forget(id)
+        try:
+            await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
+        finally:
+            self._here.forget(id)
 
     async def cancel(self, id: str) -> None:
         await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,))
@@ -201,13 +209,22 @@ class SQLiteBackend:
             db.execute("BEGIN IMMEDIATE")
             return db.execute(statement, values).rowcount
 
-    def _append(self, appends: list[tuple[str, list[tuple[int, bytes]]]]) -> None:
+    def _append(self, appends: list[tuple[str, list[tuple[int, bytes]]]]) -> list[str | None]:
+        """Each run's batch, unless it holds an event kept already with other bytes (another
+        replica took the run over): why each was refused, if it was. An event kept already as
+        it is stays: a batch whose answer was lost goes again (design.md 10.2)."""
         db = self._connection()
         expires = time.time() + self._ttl
-        rows = [(id, seq, expires, event) for id, events in appends for seq, event in events]
+        refusals: list[str | None] = []
         with db:
             db.execute("BEGIN IMMEDIATE")
-            db.executemany("INSERT OR REPLACE INTO events (response_id, seq, expires_at, event) VALUES (?, ?, ?, ?)", rows)
+            for id, events in appends:
+                held = dict(db.execute("SELECT seq, event FROM events WHERE response_id = ? AND seq BETWEEN ? AND ?", (id, events[0][0], events[-1][0])))
+                clash = next((seq for seq, event in events if held.get(seq, event) != event), None)
+                if clash is None:
+                    db.executemany("INSERT OR IGNORE INTO events (response_id, seq, expires_at, event) VALUES (?, ?, ?, ?)", [(id, seq, expires, event) for seq, event in events])
+                refusals.append(None if clash is None else f"event {clash} of {id} is kept already, with other bytes")
+        return refusals
 
     def _events(self, id: str, after: int) -> list[tuple[int, bytes]]:
         rows = self._connection().execute("SELECT seq, event FROM events WHERE response_id = ? AND seq > ? ORDER BY seq", (id, after))
