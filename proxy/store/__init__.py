@@ -77,6 +77,8 @@ _SWEEP_EVERY = 64
 
 
 class Backend(Protocol):
+    here: KeptHere  # what this process kept of each run: `ResponseStore` keeps it, `events` reads it
+
     async def put(self, record: StoredResponse, items: bool) -> None:
         """Keep a record whole; with `items`, its items too, for `item_reference`."""
         ...
@@ -141,7 +143,7 @@ POLL = 0.05
 class KeptHere:
     """Each background run's last batch of events kept from this process, and the readers here
     waiting for the next: a reader of a run here is handed what was kept, unread (design.md
-    10.2). A backend keeps one, told of each append that succeeded."""
+    10.2). A backend holds one; `ResponseStore` tells it of each claim, append and release."""
 
     def __init__(self) -> None:
         self._last: dict[str, list[tuple[int, bytes]]] = {}
@@ -248,6 +250,7 @@ class ResponseStore:
         return await self._guard("items", self.backend.items(ids, owner))
 
     async def delete(self, id: str, owner: str) -> bool:
+        self.backend.here.forget(id)
         return await self._guard("delete", self.backend.delete(id, owner))
 
     async def close(self) -> None:
@@ -255,18 +258,25 @@ class ResponseStore:
 
     async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
         await self._guard("append", self.backend.append(id, events))
+        self.backend.here.kept(id, events)
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         return await self._guard("events", self.backend.events(id, after, wait), wait)
 
     async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
-        return await self._guard("claim", self.backend.claim(id, owner, holder, lease, caps))
+        found = await self._guard("claim", self.backend.claim(id, owner, holder, lease, caps))
+        if found is None:
+            self.backend.here.running(id)
+        return found
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         return await self._guard("renew", self.backend.renew(id, holder, lease))
 
     async def release(self, id: str) -> None:
-        await self._guard("release", self.backend.release(id))
+        try:
+            await self._guard("release", self.backend.release(id))
+        finally:
+            self.backend.here.forget(id)
 
     async def cancel(self, id: str) -> None:
         await self._guard("cancel", self.backend.cancel(id))

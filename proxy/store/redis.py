@@ -103,7 +103,7 @@ class RedisBackend:
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
-        self._here = KeptHere()
+        self.here = KeptHere()
 
     def _response_key(self, id: str) -> str:
         return f"{self._prefix}response:{id}"
@@ -148,7 +148,6 @@ class RedisBackend:
         return {id: bytes(_decode_entry(data).item) for id, data in zip(ids, found, strict=True) if data is not None}
 
     async def delete(self, id: str, owner: str) -> bool:
-        self._here.forget(id)
         return await self._remove(id, owner)
 
     async def _remove(self, id: str, owner: str | None) -> bool:
@@ -167,16 +166,15 @@ class RedisBackend:
 
     async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
         await self._append(keys=[self._events_key(id)], args=[self._ttl, *(part for seq, event in events for part in (seq, event))])
-        self._here.kept(id, events)
 
     async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
         deadline = time.monotonic() + wait
         # A run here: its batches, unread; the store holds what was not kept here, for one who cannot wait.
-        while wait > 0 and (found := self._here.after(id, after)) is not None:
+        while wait > 0 and (found := self.here.after(id, after)) is not None:
             left = deadline - time.monotonic()
             if found or left <= 0:
                 return found
-            if not await self._here.next(id, min(POLL, left)):
+            if not await self.here.next(id, min(POLL, left)):
                 break
         wait = deadline - time.monotonic()
         key = self._events_key(id)
@@ -192,23 +190,17 @@ class RedisBackend:
         found = await self._claim(
             keys=[self._runs, self._run_key(id)], args=[id, now, now + lease, owner, holder, self._ttl, caps.total, caps.mine, self._run_key("")]
         )
-        if found:
-            return Runs(int(found[0]), int(found[1]))
-        self._here.running(id)
-        return None
+        return Runs(int(found[0]), int(found[1])) if found else None
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         held, cancel = await self._renew(keys=[self._runs, self._run_key(id)], args=[id, holder, time.time() + lease])
         return Renewal(held=bool(held), cancel=bool(cancel))
 
     async def release(self, id: str) -> None:
-        try:
-            async with self._redis.pipeline(transaction=True) as pipe:
-                pipe.delete(self._run_key(id))
-                pipe.zrem(self._runs, id)
-                await pipe.execute()
-        finally:
-            self._here.forget(id)
+        async with self._redis.pipeline(transaction=True) as pipe:
+            pipe.delete(self._run_key(id))
+            pipe.zrem(self._runs, id)
+            await pipe.execute()
 
     async def cancel(self, id: str) -> None:
         if await self._redis.exists(self._run_key(id)):  # a flag alone would make a stray run hash

@@ -43,7 +43,7 @@ class SQLiteBackend:
         self._max = max_responses
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
-        self._here = KeptHere()
+        self.here = KeptHere()
         self._appends: list[tuple[str, list[tuple[int, bytes]], asyncio.Future[None]]] = []  # for the next transaction
 
     async def put(self, record: StoredResponse, items: bool) -> None:
@@ -56,7 +56,6 @@ class SQLiteBackend:
         return await self._run(self._items, ids, owner)
 
     async def delete(self, id: str, owner: str) -> bool:
-        self._here.forget(id)
         return await self._run(self._delete, id, owner)
 
     async def close(self) -> None:
@@ -70,7 +69,6 @@ class SQLiteBackend:
             loop.call_soon(self._write_appends)
         self._appends.append((id, events, written))
         await written
-        self._here.kept(id, events)
 
     def _write_appends(self) -> None:
         """The appends of every run made in one turn of the event loop, in one transaction: an
@@ -100,29 +98,23 @@ class SQLiteBackend:
         deadline = time.monotonic() + wait
         quiet = wait <= 0  # the file may hold what was not kept here: read it, for one who cannot wait
         while True:
-            found = None if quiet else self._here.after(id, after)
+            found = None if quiet else self.here.after(id, after)
             if found is None:
                 # What the file lacks may have been kept here while it was read.
-                found = await self._run(self._events, id, after) or self._here.after(id, after) or []
+                found = await self._run(self._events, id, after) or self.here.after(id, after) or []
             left = deadline - time.monotonic()
             if found or left <= 0:
                 return found
-            quiet = not await self._here.next(id, min(POLL, left))
+            quiet = not await self.here.next(id, min(POLL, left))
 
     async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
-        found = await self._run(self._claim, id, owner, holder, lease, caps)
-        if found is None:
-            self._here.running(id)
-        return found
+        return await self._run(self._claim, id, owner, holder, lease, caps)
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         return await self._run(self._renew, id, holder, lease)
 
     async def release(self, id: str) -> None:
-        try:
-            await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
-        finally:
-            self._here.forget(id)
+        await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
 
     async def cancel(self, id: str) -> None:
         await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,))
