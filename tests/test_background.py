@@ -5,7 +5,9 @@ killed mid-run: tests/test_process.py.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
+from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
@@ -326,6 +328,18 @@ async def test_a_stream_followed_where_it_runs_needs_no_poll(
     assert "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta") == "".join(WORDS)
 
 
+@contextlib.asynccontextmanager
+async def two_replicas_of(settings: Any) -> AsyncIterator[tuple[ResponseStore, ResponseStore]]:
+    """Two stores over one SQLite file or one Redis, as two replicas open them."""
+    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
+    assert here is not None and there is not None
+    try:
+        yield here, there
+    finally:
+        await here.close()
+        await there.close()
+
+
 class StoreReads:
     """How often a backend's events were read, as the backend itself counts: SQLite's
     statements, Redis's own command statistics."""
@@ -352,45 +366,38 @@ async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upst
     it is kept, without reading the backend, even one that read an event of the backend before
     the process saw its append end; one behind the last batch reads the backend; one caught up
     still gets, within a poll interval, what another replica kept after a takeover."""
-    settings = replica_config(upstream, store).store
-    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
-    assert here is not None and there is not None
-    reads = StoreReads(here, store)
-    try:
-        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
-        before = await reads.count()
-        follower = asyncio.create_task(here.events("resp_1", 1, 5))
-        await asyncio.sleep(0.01)
-        await here.append("resp_1", [(2, b"event 2")])
-        assert await follower == [(2, b"event 2")]
-        await there.append("resp_1", [(3, b"event 3")])  # as if read before here saw it kept
-        follower = asyncio.create_task(here.events("resp_1", 3, 5))
-        await asyncio.sleep(0.01)
-        await here.append("resp_1", [(4, b"event 4")])
-        assert await follower == [(4, b"event 4")]
-        assert await reads.count() == before
-        assert await here.events("resp_1", 2, 5) == [(3, b"event 3"), (4, b"event 4")]  # behind the last batch
-        assert await reads.count() > before
-        follower = asyncio.create_task(here.events("resp_1", 4, 5))
-        await asyncio.sleep(0.01)
-        await there.append("resp_1", [(5, b"event 5 from a takeover")])
-        async with asyncio.timeout(1):
-            assert await follower == [(5, b"event 5 from a takeover")]
-    finally:
-        await reads.close()
-        await here.close()
-        await there.close()
+    async with two_replicas_of(replica_config(upstream, store).store) as (here, there):
+        reads = StoreReads(here, store)
+        try:
+            await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
+            before = await reads.count()
+            follower = asyncio.create_task(here.events("resp_1", 1, 5))
+            await asyncio.sleep(0.01)
+            await here.append("resp_1", [(2, b"event 2")])
+            assert await follower == [(2, b"event 2")]
+            await there.append("resp_1", [(3, b"event 3")])  # as if read before here saw it kept
+            follower = asyncio.create_task(here.events("resp_1", 3, 5))
+            await asyncio.sleep(0.01)
+            await here.append("resp_1", [(4, b"event 4")])
+            assert await follower == [(4, b"event 4")]
+            assert await reads.count() == before
+            assert await here.events("resp_1", 2, 5) == [(3, b"event 3"), (4, b"event 4")]  # behind the last batch
+            assert await reads.count() > before
+            follower = asyncio.create_task(here.events("resp_1", 4, 5))
+            await asyncio.sleep(0.01)
+            await there.append("resp_1", [(5, b"event 5 from a takeover")])
+            async with asyncio.timeout(1):
+                assert await follower == [(5, b"event 5 from a takeover")]
+        finally:
+            await reads.close()
 
 
 async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upstream: FakeUpstream, tmp_path) -> None:
     """design.md 10.2: the appends of every run made in one turn of the event loop (an SGLang
     decode step reaches all its streams at once) share one SQLite transaction."""
-    settings = replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}).store
-    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
-    assert here is not None and there is not None
-    statements: list[str] = []
-    here.backend._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
-    try:
+    async with two_replicas_of(replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}).store) as (here, there):
+        statements: list[str] = []
+        here.backend._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
         await there.append("resp_7", [(0, b"kept first")])
         answers = await asyncio.gather(*(here.append(f"resp_{i}", [(0, f"event of {i}".encode())]) for i in range(8)), return_exceptions=True)
         assert statements.count("BEGIN IMMEDIATE") == 1
@@ -398,9 +405,6 @@ async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upst
         for i in range(7):
             assert await there.events(f"resp_{i}", -1, 0) == [(0, f"event of {i}".encode())]
         assert await there.events("resp_7", -1, 0) == [(0, b"kept first")]
-    finally:
-        await here.close()
-        await there.close()
 
 
 async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: FakeUpstream, store: dict[str, Any]) -> None:
@@ -408,30 +412,18 @@ async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: 
     the run and goes again with the next events; the store keeps each event once. A batch that
     holds an event kept already with other bytes (another replica took the run over) is
     refused whole, and what was kept stays."""
-    settings = replica_config(upstream, store).store
-    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
-    assert here is not None and there is not None
-    try:
+    async with two_replicas_of(replica_config(upstream, store).store) as (here, there):
         await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
         await here.append("resp_1", [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")])
         with pytest.raises(StoreUnavailable):
             await there.append("resp_1", [(2, b"failed, by a replica that took over"), (3, b"event 3")])
         assert await there.events("resp_1", -1, 0) == [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")]
-    finally:
-        await here.close()
-        await there.close()
 
 
 async def test_one_who_cannot_wait_reads_the_store(upstream: FakeUpstream, store: dict[str, Any]) -> None:
     """A run claimed here has kept nothing here yet, but the store may hold its events (another
     replica ended it after a takeover): a read that cannot wait (the sweeper's) reads the store."""
-    settings = replica_config(upstream, store).store
-    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
-    assert here is not None and there is not None
-    try:
+    async with two_replicas_of(replica_config(upstream, store).store) as (here, there):
         assert await here.claim("resp_1", "owner", "here", 10.0, Runs(10, 10)) is None
         await there.append("resp_1", [(0, b"event 0")])
         assert await here.events("resp_1", -1, 0) == [(0, b"event 0")]
-    finally:
-        await here.close()
-        await there.close()
