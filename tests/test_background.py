@@ -407,6 +407,21 @@ async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upst
         assert await there.events("resp_7", -1, 0) == [(0, b"kept first")]
 
 
+async def test_replicas_opening_a_new_sqlite_file_at_once_all_work(upstream: FakeUpstream, tmp_path) -> None:
+    """design.md 9.1: replicas that open a new SQLite file at the same moment wait for whichever
+    sets its WAL mode (a lock SQLite's busy timeout does not wait for), instead of failing
+    their first operation. Twenty new files, four replicas each."""
+    for trial in range(20):
+        settings = replica_config(upstream, {"url": f"sqlite:{tmp_path}/{trial}.db"}).store
+        stores = [open_store(settings, Metrics()) for _ in range(4)]
+        try:
+            await asyncio.gather(*(store.append(f"resp_{i}", [(0, b"event 0")]) for i, store in enumerate(stores) if store is not None))
+        finally:
+            for store in stores:
+                if store is not None:
+                    await store.close()
+
+
 async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: FakeUpstream, store: dict[str, Any]) -> None:
     """design.md 10.2: a batch whose answer was lost (a store timeout after the write) waits in
     the run and goes again with the next events; the store keeps each event once. A batch that

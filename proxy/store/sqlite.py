@@ -36,6 +36,23 @@ CREATE TABLE IF NOT EXISTS runs (
 """
 
 
+_BUSY = 5.0  # seconds a statement waits for another connection's lock
+
+
+def _use_wal(db: sqlite3.Connection) -> None:
+    """WAL mode, which the file keeps once set. Setting it takes a lock that SQLite's busy
+    timeout does not wait for: replicas opening a new file at once wait here for whichever
+    sets it, instead of failing their first operation."""
+    deadline = time.monotonic() + _BUSY
+    while db.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
+        try:
+            db.execute("PRAGMA journal_mode=WAL")
+        except sqlite3.OperationalError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.01)
+
+
 class SQLiteBackend:
     def __init__(self, path: str, ttl: float, max_responses: int) -> None:
         self._path = path
@@ -135,8 +152,8 @@ class SQLiteBackend:
     def _connection(self) -> sqlite3.Connection:
         if self._db is None:
             Path(self._path).parent.mkdir(parents=True, exist_ok=True)
-            db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None, timeout=5.0)
-            db.execute("PRAGMA journal_mode=WAL")
+            db = sqlite3.connect(self._path, check_same_thread=False, isolation_level=None, timeout=_BUSY)
+            _use_wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
             self._db = db
