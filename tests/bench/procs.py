@@ -53,13 +53,17 @@ class Pinning:
         return f"taskset: proxy/baseline under test on CPU {self.test_cpu}; upstream and load client on CPU {self.load_cpu}"
 
 
+REPOSITORY = Path(__file__).resolve().parents[2]
+
+
 class Proc:
-    def __init__(self, name: str, argv: list[str], port: int, cpu_prefix: list[str], log_dir: Path) -> None:
+    """A process run from `root`: this checkout, or another source tree of the proxy."""
+
+    def __init__(self, name: str, argv: list[str], port: int, cpu_prefix: list[str], log_dir: Path, root: Path = REPOSITORY) -> None:
         self.name = name
         self.port = port
         self.url = f"http://127.0.0.1:{port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-        root = Path(__file__).resolve().parents[2]
         env["PYTHONPATH"] = f"{root}{os.pathsep}{env['PYTHONPATH']}" if env.get("PYTHONPATH") else str(root)
         log_dir.mkdir(parents=True, exist_ok=True)
         self.log = log_dir / f"{name}.log"
@@ -150,6 +154,31 @@ class Redis:
         self.popen.wait()
 
 
+def start_upstream(pinning: Pinning, log_dir: Path) -> Proc:
+    """The fake SGLang server on the load core, healthy."""
+    port = free_port()
+    upstream = Proc("upstream", [sys.executable, "-m", "tests.bench.upstream", "--port", str(port)], port, pinning.prefix(pinning.load_cpu), log_dir)
+    try:
+        upstream.wait_healthy()
+    except BaseException:
+        upstream.stop()
+        raise
+    return upstream
+
+
+def start_proxy(name: str, pinning: Pinning, log_dir: Path, store: str, upstream: str, extra: list[str] | None = None, root: Path = REPOSITORY) -> Proc:
+    """A proxy on the test core in front of `upstream`, keeping responses in `store`, run from
+    the source tree at `root`; not yet healthy."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    config = (log_dir / f"{name}.yaml").resolve()  # the proxy runs in `root`
+    # The background measure runs as many streams at once as the others: above the default caps.
+    caps = "background:\n  max_running: 1000\n  max_running_per_key: 1000\n"
+    config.write_text(f"upstreams:\n  - name: bench\n    urls: [{upstream}]\nstore:\n  url: {store}\n{caps}")
+    port = free_port()
+    argv = [sys.executable, *(extra or []), "-m", "proxy", "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    return Proc(name, argv, port, pinning.prefix(pinning.test_cpu), log_dir, root)
+
+
 def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> dict[str, Proc | Redis]:
     """upstream, baseline and proxy (keeping responses in a fresh SQLite file), each its own
     process, and, where `redis-server` is installed, a Redis and a proxy that keeps them there;
@@ -158,30 +187,18 @@ def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> d
     python = sys.executable
     procs: dict[str, Proc | Redis] = {}
     log_dir.mkdir(parents=True, exist_ok=True)
-
-    def proxy(name: str, store: str, upstream: str, extra: list[str]) -> Proc:
-        config = log_dir / f"{name}.yaml"
-        # The background measure runs as many streams at once as the others: above the default caps.
-        caps = "background:\n  max_running: 1000\n  max_running_per_key: 1000\n"
-        config.write_text(f"upstreams:\n  - name: bench\n    urls: [{upstream}]\nstore:\n  url: {store}\n{caps}")
-        port = free_port()
-        argv = [python, *extra, "-m", "proxy", "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
-        return Proc(name, argv, port, pinning.prefix(pinning.test_cpu), log_dir)
-
     try:
-        up_port = free_port()
-        procs["upstream"] = Proc("upstream", [python, "-m", "tests.bench.upstream", "--port", str(up_port)], up_port, pinning.prefix(pinning.load_cpu), log_dir)
-        procs["upstream"].wait_healthy()
+        procs["upstream"] = start_upstream(pinning, log_dir)
         up = procs["upstream"].url
         port = free_port()
         procs["baseline"] = Proc("baseline", [python, "-m", "tests.bench.passthrough", "--upstream", up, "--port", str(port)], port, pinning.prefix(pinning.test_cpu), log_dir)
         database = log_dir / "responses.db"
         for stale in log_dir.glob("responses.db*"):
             stale.unlink()
-        procs["proxy"] = proxy("proxy", f"sqlite:{database}", up, ["-m", "cProfile", "-o", str(profile)] if profile else [])
+        procs["proxy"] = start_proxy("proxy", pinning, log_dir, f"sqlite:{database}", up, ["-m", "cProfile", "-o", str(profile)] if profile else None)
         if shutil.which("redis-server"):
             redis = procs["redis"] = Redis(pinning.prefix(pinning.load_cpu), log_dir)
-            procs["proxy-redis"] = proxy("proxy-redis", redis.url, up, [])
+            procs["proxy-redis"] = start_proxy("proxy-redis", pinning, log_dir, redis.url, up)
         for proc in procs.values():
             if isinstance(proc, Proc):
                 proc.wait_healthy()

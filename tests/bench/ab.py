@@ -1,0 +1,95 @@
+"""`python -m tests.bench.ab [--ref HEAD] [--k 1] [--rounds 10]`: the proxy at a git revision (A)
+against this checkout's (B), in CPU per text event.
+
+`make bench` runs the proxy and the pass-through one after the other, and this VM's core speed
+drifts between rounds by more than a change of a few percent moves: the same code on both sides
+(A/A: `--ref HEAD` on a clean tree) differs by up to a fifth in one round. Here each round runs
+A and B back to back under the bench's paced load (measure 3: streams of text chunks with
+top_logprobs 5, `store: false`), the order turning each round; a change is judged by the median
+of the rounds' B/A ratios, and their spread says how far to trust it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import subprocess
+import tarfile
+import tempfile
+from pathlib import Path
+
+from . import procs
+from .load import Side, drive
+
+WARMUP_CHUNKS = 50
+
+
+def export(ref: str, into: Path) -> Path:
+    """The `proxy` package as it is at `ref`, unpacked under `into`."""
+    archive = subprocess.run(["git", "archive", "--format=tar", ref, "proxy"], cwd=procs.REPOSITORY, check=True, capture_output=True).stdout
+    into.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile() as file:
+        file.write(archive)
+        file.seek(0)
+        with tarfile.open(fileobj=file) as tar:
+            tar.extractall(into, filter="data")
+    return into
+
+
+async def rounds(sides: list[Side], args: argparse.Namespace) -> list[dict[str, float]]:
+    load = dict(n=args.chunks, concurrency=args.streams, k=args.k, pace=args.pace, spread=1 / args.pace)
+    for side in sides:
+        await drive(side, **{**load, "n": WARMUP_CHUNKS})
+    results = []
+    for r in range(args.rounds):
+        per_event = {}
+        for side in sides if r % 2 == 0 else sides[::-1]:
+            run = await drive(side, **load)
+            if run.failed:
+                raise SystemExit(f"{side.name}: {run.failed} streams failed: {run.errors}")
+            per_event[side.name] = run.cpu / run.events * 1e6
+        results.append(per_event)
+        print(f"round {r + 1}: A {per_event['A']:.1f} us, B {per_event['B']:.1f} us, B/A {per_event['B'] / per_event['A']:.3f}", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.bench.ab", description=__doc__.split("\n")[0])
+    parser.add_argument("--ref", default="HEAD", help="the revision A runs (default: %(default)s)")
+    parser.add_argument("--k", type=int, default=1, help="chunks per upstream write (measure 3 runs 1 and 8)")
+    parser.add_argument("--rounds", type=int, default=10)
+    parser.add_argument("--chunks", type=int, default=150, help="text chunks a stream")
+    parser.add_argument("--streams", type=int, default=32)
+    parser.add_argument("--pace", type=float, default=50, help="chunks a second a stream")
+    parser.add_argument("--logs", default="bench-results/logs")
+    args = parser.parse_args(argv)
+    log_dir = Path(args.logs)
+    pinning = procs.Pinning()
+    print(pinning.describe())
+    running: dict[str, procs.Proc] = {}
+    with tempfile.TemporaryDirectory() as scratch:
+        trees = {"A": export(args.ref, Path(scratch) / "A"), "B": procs.REPOSITORY}
+        try:
+            running["upstream"] = upstream = procs.start_upstream(pinning, log_dir)
+            for name, root in trees.items():
+                database = Path(scratch) / f"{name}.db"
+                running[name] = procs.start_proxy(f"ab-{name}", pinning, log_dir, f"sqlite:{database}", upstream.url, root=root)
+            for name in trees:
+                running[name].wait_healthy()
+            sides = [Side(name, running[name].port, True, running[name], pinning.test_cpu) for name in trees]
+            results = asyncio.run(rounds(sides, args))
+        finally:
+            for proc in reversed(running.values()):
+                proc.stop()
+    ratios = sorted(r["B"] / r["A"] for r in results)
+    print(
+        f"A = {args.ref}, B = this checkout; {args.streams} streams x {args.chunks} chunks at {args.pace:g}/s, k={args.k}: "
+        f"B/A median {statistics.median(ratios):.3f} (rounds {ratios[0]:.3f} to {ratios[-1]:.3f}); "
+        f"A {statistics.median(r['A'] for r in results):.1f} us, B {statistics.median(r['B'] for r in results):.1f} us a text event (medians)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
