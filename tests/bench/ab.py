@@ -5,14 +5,16 @@ against this checkout's (B), in CPU per text event.
 drifts between rounds by more than a change of a few percent moves: the same code on both sides
 (A/A: `--ref HEAD` on a clean tree) differs by up to a fifth in one round. Here each round runs
 A and B back to back under the bench's paced load (measure 3: streams of text chunks with
-top_logprobs 5, `store: false`), the order turning each round; a change is judged by the median
-of the rounds' B/A ratios, and their spread says how far to trust it.
+top_logprobs 5, `store: false` unless `--request` says otherwise, the store SQLite or, with
+`--store redis`, a redis-server of its own), the order turning each round; a change is judged by
+the median of the rounds' B/A ratios, and their spread says how far to trust it.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import json
 import statistics
 import subprocess
 import tarfile
@@ -62,29 +64,36 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--chunks", type=int, default=150, help="text chunks a stream")
     parser.add_argument("--streams", type=int, default=32)
     parser.add_argument("--pace", type=float, default=50, help="chunks a second a stream")
+    parser.add_argument("--request", type=json.loads, default={"store": False}, help='Responses request fields, as JSON (default: {"store": false})')
+    parser.add_argument("--store", choices=("sqlite", "redis"), default="sqlite", help="where both keep responses (redis: a redis-server started for the run)")
     parser.add_argument("--logs", default="bench-results/logs")
     args = parser.parse_args(argv)
     log_dir = Path(args.logs)
     pinning = procs.Pinning()
     print(pinning.describe())
-    running: dict[str, procs.Proc] = {}
+    running: dict[str, procs.Proc | procs.Redis] = {}
+    proxies: dict[str, procs.Proc] = {}
     with tempfile.TemporaryDirectory() as scratch:
         trees = {"A": export(args.ref, Path(scratch) / "A"), "B": procs.REPOSITORY}
         try:
             running["upstream"] = upstream = procs.start_upstream(pinning, log_dir)
-            for name, root in trees.items():
-                database = Path(scratch) / f"{name}.db"
-                running[name] = procs.start_proxy(f"ab-{name}", pinning, log_dir, f"sqlite:{database}", upstream.url, root=root)
-            for name in trees:
-                running[name].wait_healthy()
-            sides = [Side(name, running[name].port, True, running[name], pinning.test_cpu) for name in trees]
+            if args.store == "redis":
+                running["redis"] = redis = procs.Redis(pinning.prefix(pinning.load_cpu), log_dir)
+            for number, (name, root) in enumerate(trees.items(), 1):
+                # One Redis for both, each proxy in a database of its own.
+                store = f"sqlite:{Path(scratch) / name}.db" if args.store == "sqlite" else f"{redis.url.rsplit('/', 1)[0]}/{number}"
+                running[name] = proxies[name] = procs.start_proxy(f"ab-{name}", pinning, log_dir, store, upstream.url, root=root)
+            for proxy in proxies.values():
+                proxy.wait_healthy()
+            sides = [Side(name, proxy.port, True, proxy, pinning.test_cpu, options=args.request) for name, proxy in proxies.items()]
             results = asyncio.run(rounds(sides, args))
         finally:
             for proc in reversed(running.values()):
                 proc.stop()
     ratios = sorted(r["B"] / r["A"] for r in results)
     print(
-        f"A = {args.ref}, B = this checkout; {args.streams} streams x {args.chunks} chunks at {args.pace:g}/s, k={args.k}: "
+        f"A = {args.ref}, B = this checkout; {args.streams} streams x {args.chunks} chunks at {args.pace:g}/s, k={args.k}, "
+        f"{json.dumps(args.request)}, {args.store}: "
         f"B/A median {statistics.median(ratios):.3f} (rounds {ratios[0]:.3f} to {ratios[-1]:.3f}); "
         f"A {statistics.median(r['A'] for r in results):.1f} us, B {statistics.median(r['B'] for r in results):.1f} us a text event (medians)"
     )
