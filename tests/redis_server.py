@@ -4,6 +4,7 @@ the server where the machine lacks it)."""
 from __future__ import annotations
 
 import shutil
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -41,6 +42,15 @@ class RedisServer:
                 assert time.monotonic() < deadline, f"redis-server did not answer on port {self.port}"
                 time.sleep(0.02)
         client.close()
+
+    def pause(self) -> None:
+        """Stop answering, connections left open: a server that hangs."""
+        assert self._process is not None
+        self._process.send_signal(signal.SIGSTOP)
+
+    def resume(self) -> None:
+        assert self._process is not None
+        self._process.send_signal(signal.SIGCONT)
 
     def stop(self) -> None:
         if self._process is not None:

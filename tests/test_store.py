@@ -5,6 +5,7 @@ openai SDK calls them), isolation between keys, expiry and the size bound."""
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import aiohttp
@@ -279,5 +280,32 @@ async def test_a_store_that_goes_down_costs_no_answer(upstream: FakeUpstream, st
         assert (await get(http, url, again["id"]))[0] == 200
         async with http.get(f"{url}/ready") as response:
             assert (await response.json())["store"]["ok"] is True
+    finally:
+        server.stop()
+
+
+async def test_a_store_that_hangs_fails_reads_in_time_and_leaves_no_reply_behind(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path) -> None:
+    """Redis stops answering with its connections open: a read fails within `store.timeout`
+    (a 503), and once it answers again, the replies to the commands given up on, which it then
+    sends, reach no later command."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        url = await start_proxy(proxy_config(upstream, {"url": server.url, "timeout": 0.5}))
+        upstream.script(Reply(text_turn("One")), Reply(text_turn("Two")))
+        kept = [await create(http, url, {"model": "m", "input": "hi"}, stream=False) for _ in range(2)]
+        server.pause()
+        try:
+            for response in kept:
+                started = time.monotonic()
+                status, body = await get(http, url, response["id"])
+                assert status == 503 and envelope(body, "store_unavailable")
+                assert time.monotonic() - started < 2.0
+        finally:
+            server.resume()
+        for response in [*kept, *reversed(kept)] * 2:
+            status, body = await get(http, url, response["id"])
+            assert status == 200 and body["id"] == response["id"]
+            assert body["output"][0]["content"][0]["text"] == response["output"][0]["content"][0]["text"]
     finally:
         server.stop()

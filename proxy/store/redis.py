@@ -92,9 +92,11 @@ _decode_entry = msgspec.json.Decoder(_ItemEntry).decode
 
 class RedisBackend:
     def __init__(self, url: str, prefix: str, ttl: float, max_responses: int, timeout: float) -> None:
-        self._redis = Redis.from_url(url, socket_timeout=timeout, socket_connect_timeout=timeout)
-        # Readers that wait for a background response's next event block longer than any call.
-        self._waiting = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout)
+        # No socket timeout: every operation is bounded by the store's own (design.md 9.1), a
+        # blocking read of a background response's events by its wait as well, and redis-py
+        # drops a connection whose command was cancelled. A socket timeout would cut those
+        # reads, and wraps every command's send in a task of its own.
+        self._redis = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout)
         self._claim = self._redis.register_script(_CLAIM)
         self._renew = self._redis.register_script(_RENEW)
         self._take = self._redis.register_script(_TAKE)
@@ -181,7 +183,7 @@ class RedisBackend:
         if wait <= 0:
             entries = cast(_Entries, await self._redis.xrange(key, min=f"({_stream_id(after)}"))
         else:
-            streams = cast("list[tuple[bytes, _Entries]]", await self._waiting.xread({key: _stream_id(after)}, block=max(1, round(wait * 1000))))
+            streams = cast("list[tuple[bytes, _Entries]]", await self._redis.xread({key: _stream_id(after)}, block=max(1, round(wait * 1000))))
             entries = streams[0][1] if streams else []
         return [(int(entry_id.decode().split("-")[1]) - 1, fields[b"e"]) for entry_id, fields in entries]
 
@@ -224,7 +226,6 @@ class RedisBackend:
 
     async def close(self) -> None:
         await self._redis.aclose()
-        await self._waiting.aclose()
 
 
 def _stream_id(seq: int) -> str:
