@@ -7,7 +7,9 @@ drifts between rounds by more than a change of a few percent moves: the same cod
 A and B back to back under the bench's paced load (measure 3: streams of text chunks with
 top_logprobs 5, `store: false` unless `--request` says otherwise, the store SQLite or, with
 `--store redis`, a redis-server of its own), the order turning each round; a change is judged by
-the median of the rounds' B/A ratios, and their spread says how far to trust it.
+the median of the rounds' B/A ratios, and their spread says how far to trust it. With
+`--calls N`, a round is N calls one after another instead (measure 2's streams of 4 chunks at
+500/s): the CPU a call and the p50 time to the first text event, for what a request costs.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import shutil
 import statistics
 import subprocess
 import tarfile
@@ -22,9 +25,10 @@ import tempfile
 from pathlib import Path
 
 from . import procs
-from .load import Side, drive
+from .load import Side, drive, latencies
 
 WARMUP_CHUNKS = 50
+CALL_CHUNKS, CALL_PACE = 4, 500  # measure 2's streams
 
 
 def export(ref: str, into: Path) -> Path:
@@ -39,20 +43,36 @@ def export(ref: str, into: Path) -> Path:
     return into
 
 
-async def rounds(sides: list[Side], args: argparse.Namespace) -> list[dict[str, float]]:
+async def rounds(sides: list[Side], args: argparse.Namespace) -> list[dict[str, dict[str, float]]]:
+    """Per round and side: `cpu`, microseconds a text event (or a call), and with `--calls`,
+    `p50`, milliseconds to the first text event."""
     load = dict(n=args.chunks, concurrency=args.streams, k=args.k, pace=args.pace, spread=1 / args.pace)
-    for side in sides:
-        await drive(side, **{**load, "n": WARMUP_CHUNKS})
-    results = []
-    for r in range(args.rounds):
-        per_event = {}
-        for side in sides if r % 2 == 0 else sides[::-1]:
-            run = await drive(side, **load)
-            if run.failed:
-                raise SystemExit(f"{side.name}: {run.failed} streams failed: {run.errors}")
-            per_event[side.name] = run.cpu / run.events * 1e6
-        results.append(per_event)
-        print(f"round {r + 1}: A {per_event['A']:.1f} us, B {per_event['B']:.1f} us, B/A {per_event['B'] / per_event['A']:.3f}", flush=True)
+    clients = {side.name: side.client() for side in sides}
+
+    async def measure(side: Side) -> dict[str, float]:
+        assert side.proc is not None
+        if args.calls:
+            cpu = side.proc.cpu_seconds()
+            samples = await latencies(clients[side.name], side, CALL_CHUNKS, args.calls, stream=True, pace=CALL_PACE)
+            return {"cpu": (side.proc.cpu_seconds() - cpu) / args.calls * 1e6, "p50": statistics.median(samples) * 1e3}
+        run = await drive(side, **load)
+        if run.failed:
+            raise SystemExit(f"{side.name}: {run.failed} streams failed: {run.errors}")
+        return {"cpu": run.cpu / run.events * 1e6}
+
+    try:
+        for side in sides:
+            await (latencies(clients[side.name], side, CALL_CHUNKS, 30, stream=True, pace=CALL_PACE) if args.calls else drive(side, **{**load, "n": WARMUP_CHUNKS}))
+        results = []
+        for r in range(args.rounds):
+            measured = {side.name: await measure(side) for side in (sides if r % 2 == 0 else sides[::-1])}
+            results.append(measured)
+            a, b = measured["A"], measured["B"]
+            latency = f", p50 B-A {b['p50'] - a['p50']:+.3f} ms" if args.calls else ""
+            print(f"round {r + 1}: A {a['cpu']:.1f} us, B {b['cpu']:.1f} us, B/A {b['cpu'] / a['cpu']:.3f}{latency}", flush=True)
+    finally:
+        for client in clients.values():
+            client.close()
     return results
 
 
@@ -66,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--pace", type=float, default=50, help="chunks a second a stream")
     parser.add_argument("--request", type=json.loads, default={"store": False}, help='Responses request fields, as JSON (default: {"store": false})')
     parser.add_argument("--store", choices=("sqlite", "redis"), default="sqlite", help="where both keep responses (redis: a redis-server started for the run)")
+    parser.add_argument("--calls", type=int, default=0, help="calls one after another a round, instead of the paced load")
     parser.add_argument("--logs", default="bench-results/logs")
     args = parser.parse_args(argv)
     log_dir = Path(args.logs)
@@ -74,7 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     running: dict[str, procs.Proc | procs.Redis] = {}
     proxies: dict[str, procs.Proc] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        trees = {"A": export(args.ref, Path(scratch) / "A"), "B": procs.REPOSITORY}
+        # Both run from copies at paths alike, so that neither gets a layout of its own from
+        # where it lies (an A/A run from the checkout itself came out a few percent apart).
+        trees = {"A": export(args.ref, Path(scratch) / "A"), "B": Path(scratch) / "B"}
+        shutil.copytree(procs.REPOSITORY / "proxy", trees["B"] / "proxy", ignore=shutil.ignore_patterns("__pycache__"))
         try:
             running["upstream"] = upstream = procs.start_upstream(pinning, log_dir)
             if args.store == "redis":
@@ -90,12 +114,14 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             for proc in reversed(running.values()):
                 proc.stop()
-    ratios = sorted(r["B"] / r["A"] for r in results)
+    ratios = sorted(r["B"]["cpu"] / r["A"]["cpu"] for r in results)
+    load = f"{args.calls} calls of {CALL_CHUNKS} chunks at {CALL_PACE}/s" if args.calls else f"{args.streams} streams x {args.chunks} chunks at {args.pace:g}/s, k={args.k}"
+    unit = "a call" if args.calls else "a text event"
+    latency = f"; p50 to the first text event B-A {statistics.median(r['B']['p50'] - r['A']['p50'] for r in results):+.3f} ms" if args.calls else ""
     print(
-        f"A = {args.ref}, B = this checkout; {args.streams} streams x {args.chunks} chunks at {args.pace:g}/s, k={args.k}, "
-        f"{json.dumps(args.request)}, {args.store}: "
+        f"A = {args.ref}, B = this checkout; {load}, {json.dumps(args.request)}, {args.store}: "
         f"B/A median {statistics.median(ratios):.3f} (rounds {ratios[0]:.3f} to {ratios[-1]:.3f}); "
-        f"A {statistics.median(r['A'] for r in results):.1f} us, B {statistics.median(r['B'] for r in results):.1f} us a text event (medians)"
+        f"A {statistics.median(r['A']['cpu'] for r in results):.1f} us, B {statistics.median(r['B']['cpu'] for r in results):.1f} us {unit} (medians){latency}"
     )
     return 0
 
