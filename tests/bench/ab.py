@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import io
 import json
 import shutil
 import statistics
@@ -25,21 +26,20 @@ import tempfile
 from pathlib import Path
 
 from . import procs
+from .__main__ import SETTINGS
 from .load import Side, drive, latencies
 
 WARMUP_CHUNKS = 50
-CALL_CHUNKS, CALL_PACE = 4, 500  # measure 2's streams
+BENCH = SETTINGS["full"]
+CALL_CHUNKS, CALL_PACE = BENCH["first_n"], BENCH["first_pace"]  # measure 2's streams
 
 
 def export(ref: str, into: Path) -> Path:
     """The `proxy` package as it is at `ref`, unpacked under `into`."""
     archive = subprocess.run(["git", "archive", "--format=tar", ref, "proxy"], cwd=procs.REPOSITORY, check=True, capture_output=True).stdout
     into.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryFile() as file:
-        file.write(archive)
-        file.seek(0)
-        with tarfile.open(fileobj=file) as tar:
-            tar.extractall(into, filter="data")
+    with tarfile.open(fileobj=io.BytesIO(archive)) as tar:
+        tar.extractall(into, filter="data")
     return into
 
 
@@ -81,9 +81,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref", default="HEAD", help="the revision A runs (default: %(default)s)")
     parser.add_argument("--k", type=int, default=1, help="chunks per upstream write (measure 3 runs 1 and 8)")
     parser.add_argument("--rounds", type=int, default=10)
-    parser.add_argument("--chunks", type=int, default=150, help="text chunks a stream")
-    parser.add_argument("--streams", type=int, default=32)
-    parser.add_argument("--pace", type=float, default=50, help="chunks a second a stream")
+    parser.add_argument("--chunks", type=int, default=BENCH["cpu_n"], help="text chunks a stream")
+    parser.add_argument("--streams", type=int, default=BENCH["cpu_streams"])
+    parser.add_argument("--pace", type=float, default=BENCH["cpu_pace"], help="chunks a second a stream")
     parser.add_argument("--request", type=json.loads, default={"store": False}, help='Responses request fields, as JSON (default: {"store": false})')
     parser.add_argument("--store", choices=("sqlite", "redis"), default="sqlite", help="where both keep responses (redis: a redis-server started for the run)")
     parser.add_argument("--calls", type=int, default=0, help="calls one after another a round, instead of the paced load")
