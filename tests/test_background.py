@@ -329,15 +329,16 @@ async def test_a_stream_followed_where_it_runs_needs_no_poll(
 
 
 @contextlib.asynccontextmanager
-async def two_replicas_of(settings: Any) -> AsyncIterator[tuple[ResponseStore, ResponseStore]]:
-    """Two stores over one SQLite file or one Redis, as two replicas open them."""
-    here, there = open_store(settings, Metrics()), open_store(settings, Metrics())
-    assert here is not None and there is not None
+async def replicas_of(settings: Any, count: int = 2) -> AsyncIterator[list[ResponseStore]]:
+    """`count` stores over one SQLite file or one Redis, as that many replicas open them."""
+    stores = [open_store(settings, Metrics()) for _ in range(count)]
     try:
-        yield here, there
+        assert all(store is not None for store in stores)
+        yield [store for store in stores if store is not None]
     finally:
-        await here.close()
-        await there.close()
+        for store in stores:
+            if store is not None:
+                await store.close()
 
 
 class StoreReads:
@@ -366,7 +367,7 @@ async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upst
     it is kept, without reading the backend, even one that read an event of the backend before
     the process saw its append end; one behind the last batch reads the backend; one caught up
     still gets, within a poll interval, what another replica kept after a takeover."""
-    async with two_replicas_of(replica_config(upstream, store).store) as (here, there):
+    async with replicas_of(replica_config(upstream, store).store) as (here, there):
         reads = StoreReads(here, store)
         try:
             await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
@@ -395,7 +396,7 @@ async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upst
 async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upstream: FakeUpstream, tmp_path) -> None:
     """design.md 10.2: the appends of every run made in one turn of the event loop (an SGLang
     decode step reaches all its streams at once) share one SQLite transaction."""
-    async with two_replicas_of(replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}).store) as (here, there):
+    async with replicas_of(replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}).store) as (here, there):
         statements: list[str] = []
         here.backend._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
         await there.append("resp_7", [(0, b"kept first")])
@@ -412,14 +413,8 @@ async def test_replicas_opening_a_new_sqlite_file_at_once_all_work(upstream: Fak
     sets its WAL mode (a lock SQLite's busy timeout does not wait for), instead of failing
     their first operation. Twenty new files, four replicas each."""
     for trial in range(20):
-        settings = replica_config(upstream, {"url": f"sqlite:{tmp_path}/{trial}.db"}).store
-        stores = [open_store(settings, Metrics()) for _ in range(4)]
-        try:
-            await asyncio.gather(*(store.append(f"resp_{i}", [(0, b"event 0")]) for i, store in enumerate(stores) if store is not None))
-        finally:
-            for store in stores:
-                if store is not None:
-                    await store.close()
+        async with replicas_of(replica_config(upstream, {"url": f"sqlite:{tmp_path}/{trial}.db"}).store, 4) as stores:
+            await asyncio.gather(*(store.append(f"resp_{i}", [(0, b"event 0")]) for i, store in enumerate(stores)))
 
 
 async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: FakeUpstream, store: dict[str, Any]) -> None:
@@ -427,7 +422,7 @@ async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: 
     the run and goes again with the next events; the store keeps each event once. A batch that
     holds an event kept already with other bytes (another replica took the run over) is
     refused whole, and what was kept stays."""
-    async with two_replicas_of(replica_config(upstream, store).store) as (here, there):
+    async with replicas_of(replica_config(upstream, store).store) as (here, there):
         await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
         await here.append("resp_1", [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")])
         with pytest.raises(StoreUnavailable):
@@ -438,7 +433,7 @@ async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: 
 async def test_one_who_cannot_wait_reads_the_store(upstream: FakeUpstream, store: dict[str, Any]) -> None:
     """A run claimed here has kept nothing here yet, but the store may hold its events (another
     replica ended it after a takeover): a read that cannot wait (the sweeper's) reads the store."""
-    async with two_replicas_of(replica_config(upstream, store).store) as (here, there):
+    async with replicas_of(replica_config(upstream, store).store) as (here, there):
         assert await here.claim("resp_1", "owner", "here", 10.0, Runs(10, 10)) is None
         await there.append("resp_1", [(0, b"event 0")])
         assert await here.events("resp_1", -1, 0) == [(0, b"event 0")]
