@@ -33,6 +33,7 @@ from .tools import ToolRef, custom_input
 _INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 _SSE_DONE = b"data: [DONE]\n\n"
 _UNNAMED = ToolRef("")
+_NAMELESS_CALL = "the upstream sent a tool call without a name"
 
 
 IdSource = Callable[[str], str]  # prefix -> a new unique id with that prefix
@@ -272,7 +273,10 @@ class ResponseTranslator:
     def _tool_call(self, position: int, delta: ToolCallDelta) -> None:
         index = position if delta.index is None else delta.index
         call = self._calls.get(index)
-        if call is None:
+        if call is None or (delta.id and call.call_id and delta.id != call.call_id):
+            # design.md 6.4: another id at an index is another call.
+            if call is not None and call.item is None:
+                raise UpstreamProtocolError(_NAMELESS_CALL)
             call = self._calls[index] = _ToolCall()
         elif call.item is not None and call.item is not self._current:
             raise UpstreamProtocolError(f"tool call {index} continued after another item began")
@@ -400,7 +404,7 @@ class ResponseTranslator:
             self._fail(UpstreamProtocolError("the upstream stream ended before the generation finished"))
             return
         if any(call.name is None for call in self._calls.values()):
-            self._fail(UpstreamProtocolError("the upstream sent a tool call without a name"))
+            self._fail(UpstreamProtocolError(_NAMELESS_CALL))
             return
         incomplete = _INCOMPLETE_REASONS.get(reason)
         self._close_all(self._generating if incomplete else None, "completed")

@@ -233,6 +233,33 @@ def test_function_call_opens_once_id_and_name_are_known(dialect: str, head: list
     assert (call["call_id"], call["name"], call["arguments"], call["status"]) == ("c1", "f", '{"a":1}', "completed")
 
 
+def calls_at_index_zero(*steps: Step, index: bool = True) -> bytes:
+    """A vLLM-style stream whose tool calls all come at index 0, or with no index."""
+    chunks = Generation([*steps, Step("finish", finish_reason="tool_calls")], dialect="vllm").chunks()
+    if not index:
+        for chunk in chunks:
+            for call in (chunk["choices"] and chunk["choices"][0]["delta"].get("tool_calls")) or ():
+                del call["index"]
+    return sse(chunks)
+
+
+@pytest.mark.parametrize("index", [True, False], ids=["index-0-repeated", "index-missing"])
+def test_another_id_at_the_same_index_is_another_call(index: bool) -> None:
+    """design.md 6.4: Ollama gives every call index 0, Gemini's compatibility endpoint none."""
+    body = calls_at_index_zero(
+        Step("tool", '{"x":1}', tool_id="c1", tool_name="f"), Step("tool", '{"y":', tool_id="c2", tool_name="g"), Step("tool", "2}"), index=index
+    )
+    stream = check_stream(translate(plan(), [body])[1])
+    assert stream.terminal == "response.completed"
+    assert [(c["call_id"], c["name"], c["arguments"]) for c in stream.of_type("function_call")] == [("c1", "f", '{"x":1}'), ("c2", "g", '{"y":2}')]
+
+
+def test_a_call_left_without_a_name_by_the_next_id_fails() -> None:
+    body = calls_at_index_zero(Step("tool", '{"x":1}', tool_id="c1"), Step("tool", "{}", tool_id="c2", tool_name="g"))
+    stream = check_stream(translate(plan(), [body])[1])
+    assert stream.terminal == "response.failed" and stream.of_type("function_call") == []
+
+
 @pytest.mark.parametrize("finish", [("length", "max_output_tokens"), ("content_filter", "content_filter")], ids=lambda f: f[0])
 @pytest.mark.parametrize(
     ("steps", "cut"),
