@@ -15,6 +15,7 @@ import orjson
 from proxy.responses.plan import Call, TranslationSettings, plan_call
 from proxy.responses.schema import parse_request
 from proxy.responses.sealing import Sealer
+from proxy.responses.sse import DEFAULT_MAX_EVENT
 from proxy.responses.translate import IdSource, ResponseTranslator
 from tests.client import LOGPROBS, parse_sse, validate_event, validate_response
 
@@ -79,10 +80,10 @@ def fixed(**options: Any) -> dict[str, Any]:
     return {"clock": lambda: NOW, "ids": numbered_ids(), **options}
 
 
-def translate(call: Call, pieces: Iterable[bytes], *, finish: bool = True) -> tuple[ResponseTranslator, list[dict]]:
+def translate(call: Call, pieces: Iterable[bytes], *, finish: bool = True, max_event: int = DEFAULT_MAX_EVENT) -> tuple[ResponseTranslator, list[dict]]:
     """Drive a fresh translator (fixed clock and ids) over `pieces` (then end of input); the
     events it wrote."""
-    translator = ResponseTranslator(call, **fixed(), request_id=REQUEST_ID)
+    translator = ResponseTranslator(call, **fixed(), request_id=REQUEST_ID, max_event=max_event)
     out = [translator.start()]
     out += [translator.feed(piece) for piece in pieces]
     if finish:

@@ -138,25 +138,26 @@ class ResponseTranslator:
     def feed(self, data: bytes) -> bytes:
         if self.response is not None:
             return b""
-        try:
-            for payload in self._sse.feed(data):
-                self._payload(payload)
-                if self.response is not None:
-                    break
-        except ProxyError as error:
-            self._fail(error)
+        self._read(self._sse.feed(data))
         return self._flush()
 
     def finish(self) -> bytes:
         """The upstream body ended (with or without `[DONE]`)."""
         if not self.done:
-            try:
-                for payload in self._sse.close():
-                    self._payload(payload)
-            except ProxyError as error:
-                self._fail(error)
+            self._read(self._sse.close())
             self._end()
         return self._flush()
+
+    def _read(self, payloads: list[bytes]) -> None:
+        try:
+            for payload in payloads:
+                self._payload(payload)
+                if self.response is not None:
+                    return
+            if self._sse.failure is not None:
+                raise self._sse.failure
+        except ProxyError as error:
+            self._fail(error)
 
     def fail(self, error: ProxyError) -> bytes:
         """The upstream broke off. A generation that already finished still completes: only

@@ -49,6 +49,8 @@ def streams(draw) -> tuple[bytes, list[bytes]]:
 @given(streams(), st.data())
 def test_any_split_gives_the_same_events(stream: tuple[bytes, list[bytes]], data: st.DataObject) -> None:
     body, expected = stream
+    if data.draw(st.booleans()):
+        body = b"\xef\xbb\xbf" + body  # a byte order mark, which the standard drops
     cuts = data.draw(st.lists(st.integers(0, len(body)), max_size=20))
     assert decode(split(body, cuts)) == expected
     assert decode([body[i : i + 1] for i in range(len(body))]) == expected
@@ -118,8 +120,39 @@ def test_big_event_in_small_pieces_is_linear(size: int, piece: int, monkeypatch:
     assert held_most >= size // piece - 1
 
 
-def test_event_over_the_size_limit_is_refused() -> None:
-    decoder = SSEDecoder(max_event_size=1000)
-    assert decoder.feed(b"data: " + b"x" * 600 + b"\n") == []
-    with pytest.raises(UpstreamProtocolError):
-        decoder.feed(b"data: " + b"y" * 600)
+LIMIT = 1000
+
+
+@st.composite
+def an_event_near_the_limit(draw) -> tuple[bytes, list[bytes] | None]:
+    """An event a few bytes either side of the limit in its lines (data or comments, their
+    ends aside), between small ones, with either line ending; and the payloads it gives, None
+    when the event is over."""
+    nl = draw(st.sampled_from([b"\n", b"\r\n"]))
+    size = draw(st.integers(LIMIT - 3, LIMIT + 3))
+    first = draw(st.integers(0, size))
+    lines, values = [], []
+    for length, fill in ((first, b"y"), (size - first, b"z")):
+        if length >= 6 and draw(st.booleans()):
+            lines.append(b"data: " + fill * (length - 6))
+            values.append(fill * (length - 6))
+        elif length:
+            lines.append(b":" + fill * (length - 1))
+    body = nl.join([b"data: a", b"", b": ping", b"", *lines, b"", b"data: after", b"", b""])
+    return body, None if size > LIMIT else [b"a", *([b"\n".join(values)] if values else []), b"after"]
+
+
+@settings(max_examples=300, deadline=None)
+@given(an_event_near_the_limit(), st.data())
+def test_an_event_over_the_size_limit_ends_the_input_however_it_is_split(stream: tuple[bytes, list[bytes] | None], data: st.DataObject) -> None:
+    """design.md 6.11: the events before it come out, none after it, whichever read holds it."""
+    body, expected = stream
+    cuts = data.draw(st.lists(st.integers(0, len(body)), max_size=20))
+    at_lines = [i + 1 for i, byte in enumerate(body) if byte == 10]
+    for pieces in (split(body, cuts), [body], *(split(body, [cut]) for cut in at_lines), [body[i : i + 1] for i in range(len(body))]):
+        decoder = SSEDecoder(max_event_size=LIMIT)
+        events = decode(pieces, decoder)
+        if expected is None:
+            assert events == [b"a"] and isinstance(decoder.failure, UpstreamProtocolError)
+        else:
+            assert events == expected and decoder.failure is None

@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamTimeout
+from proxy.responses.sse import DEFAULT_MAX_EVENT
 from tests.client import parse_sse
 from tests.events import (
     NOW,
@@ -292,10 +293,10 @@ FAULTY = Generation(
 CHUNKS = FAULTY.chunks()  # role, 5 steps, usage
 
 
-def assert_failed_after(k: int, pieces: list[bytes], message: str | None = None) -> None:
+def assert_failed_after(k: int, pieces: list[bytes], message: str | None = None, max_event: int = DEFAULT_MAX_EVENT) -> None:
     """The translator failed after reading CHUNKS[:k]: what was open then is closed
     `incomplete`, what was closed stays `completed`, every score read so far is on the message."""
-    _, events = translate(plan(), pieces)
+    _, events = translate(plan(), pieces, max_event=max_event)
     stream = check_stream(events)
     assert stream.terminal == "response.failed"
     if message is not None:
@@ -328,6 +329,17 @@ def test_error_frame_mid_stream(k: int, code: int, shown: str) -> None:
 @pytest.mark.parametrize("k", [2, 4])
 def test_unreadable_chunk_fails(garbage: bytes, k: int) -> None:
     assert_failed_after(k, [sse(CHUNKS[:k], done=False) + garbage + sse(CHUNKS[k:])])
+
+
+@pytest.mark.parametrize("k", range(1, len(CHUNKS)))
+def test_an_event_over_the_limit_fails_the_stream_after_the_events_before_it(k: int) -> None:
+    """design.md 6.11: whichever read it comes in, the chunks before it are read and their
+    scores kept, and nothing after it."""
+    before = sse(CHUNKS[:k], done=False)
+    big = {"object": "chat.completion.chunk", "choices": [], "padding": "x" * 5000}  # ignored, when read
+    body = before + frame(big) + sse(CHUNKS[k:])
+    for pieces in ([body], [body[: len(before) + 100], body[len(before) + 100 :]], [body[i : i + 1] for i in range(len(body))]):
+        assert_failed_after(k, pieces, max_event=4096)
 
 
 @pytest.mark.parametrize("k", range(1, len(CHUNKS) - 1))
