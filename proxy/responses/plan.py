@@ -33,6 +33,9 @@ from .schema import (
     TextFormatJsonSchema,
     Tool,
     ToolChoice,
+    ToolChoiceAllowed,
+    ToolChoiceCustom,
+    ToolChoiceFunction,
     ToolOutput,
 )
 from .sealing import Sealer
@@ -93,6 +96,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
     # A background run always reads the upstream as a stream: its events are what it keeps.
     streamed_upstream = stream or bool(request.background)
     effort = _effort(request.reasoning)
+    functions, tool_choice = _offered(request.tool_choice, table, settings, ignored)
     chat: dict[str, Any] = dict(
         model=settings.model,
         messages=_Conversation(table, settings, ignored).messages(request),
@@ -104,10 +108,9 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         top_p=request.top_p,
         presence_penalty=request.presence_penalty,
         frequency_penalty=request.frequency_penalty,
-        user=request.user,
         parallel_tool_calls=request.parallel_tool_calls,
-        tools=table.functions or None,
-        tool_choice=_chat_tool_choice(request.tool_choice, table, settings, ignored),
+        tools=functions or None,
+        tool_choice=tool_choice,
         response_format=_response_format(request.text),
         reasoning_effort=effort,
     )
@@ -121,7 +124,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         chat=chat,
         stream=stream,
         logprobs=logprobs,
-        echo=_echo(request, tools, top_logprobs, effort, stored),
+        echo=_echo(request, chat, tools, top_logprobs, effort, stored),
         tools=table,
         summary=request.reasoning is not None and request.reasoning.summary is not None,
         background=bool(request.background),
@@ -135,30 +138,50 @@ def _client_tools(tools: list[Tool], settings: TranslationSettings, ignored: lis
     policy (design.md 8.4)."""
     for index, tool in enumerate(tools):
         if isinstance(tool, HostedTool):
-            if settings.hosted_tools == "reject":
-                raise _hosted_refusal(tool.kind, f"tools[{index}].type")
-            ignored.append(f"tool:{tool.kind}")
+            _drop_hosted("tool", tool.kind, f"tools[{index}].type", settings, ignored)
     return [tool for tool in tools if not isinstance(tool, HostedTool)]
 
 
-def _hosted_refusal(kind: str, param: str) -> InvalidRequest:
-    return InvalidRequest(
-        f"The hosted tool '{kind}' needs OpenAI's servers; this route refuses it. "
-        "Set `hosted_tools: drop` on the upstream in the proxy's config to offer the model only the other tools.",
-        param=param,
-        code="unsupported_parameter",
-    )
+def _drop_hosted(where: str, kind: str, param: str, settings: TranslationSettings, ignored: list[str]) -> None:
+    """A hosted tool named in `where` (a tool, or a tool choice), dropped and counted, or refused
+    by the route's policy (design.md 8.4)."""
+    if settings.hosted_tools == "reject":
+        raise InvalidRequest(
+            f"The hosted tool '{kind}' needs OpenAI's servers; this route refuses it. "
+            "Set `hosted_tools: drop` on the upstream in the proxy's config to offer the model only the other tools.",
+            param=param,
+            code="unsupported_parameter",
+        )
+    ignored.append(f"{where}:{kind}")
 
 
-def _chat_tool_choice(choice: ToolChoice | None, table: ToolTable, settings: TranslationSettings, ignored: list[str]) -> Any:
+def _offered(choice: ToolChoice | None, table: ToolTable, settings: TranslationSettings, ignored: list[str]) -> tuple[list[dict[str, Any]], Any]:
+    """The chat functions the model is offered and the chat `tool_choice`: the client's tools
+    as its choice allows them (design.md 8.4). With none to offer, neither is sent: chat servers
+    refuse a `tool_choice` without `tools`."""
+    functions: list[dict[str, Any]] = table.functions
+    chosen: Any = choice
     if isinstance(choice, HostedToolChoice):
-        if settings.hosted_tools == "reject":
-            raise _hosted_refusal(choice.kind, "tool_choice.type")
-        ignored.append(f"tool_choice:{choice.kind}")
-        return None
-    if choice is None or isinstance(choice, str):
-        return choice
-    return {"type": "function", "function": {"name": table.chat_name(choice.name, choice.namespace)}}
+        _drop_hosted("tool_choice", choice.kind, "tool_choice.type", settings, ignored)
+        chosen = None  # the model keeps its choice
+    elif isinstance(choice, ToolChoiceAllowed):
+        allowed = set()
+        for index, entry in enumerate(choice.tools):
+            if entry["type"] in ("function", "custom"):
+                allowed.add(table.chat_name(entry["name"], entry.get("namespace")))
+            else:
+                _drop_hosted("tool_choice", entry["type"], f"tool_choice.tools[{index}].type", settings, ignored)
+        functions = [function for function in functions if function["function"]["name"] in allowed]
+        chosen = choice.mode
+    elif isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
+        chosen = {"type": "function", "function": {"name": table.chat_name(choice.name, choice.namespace)}}
+    if functions:
+        return functions, chosen
+    if chosen == "required":
+        raise InvalidRequest(
+            "tool_choice requires a tool call, but no function or custom tool is left to call (hosted tools are dropped).", param="tool_choice"
+        )
+    return [], None
 
 
 def _effort(reasoning: ReasoningConfig | None) -> str | None:
@@ -296,8 +319,9 @@ class _Conversation:
             self._tool_images = []
 
 
-def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort: str | None, stored: bool) -> dict[str, Any]:
-    """The request's settings as every Response object repeats them, as they were applied."""
+def _echo(request: CreateResponse, chat: dict[str, Any], tools: list[Tool], top_logprobs: int, effort: str | None, stored: bool) -> dict[str, Any]:
+    """The request's settings as every Response object repeats them, as they were applied: the
+    sampling ones as the chat request has them, the route's defaults included."""
     text = request.text or TextConfig()
     reasoning = request.reasoning or ReasoningConfig()
     choice = request.tool_choice
@@ -307,15 +331,15 @@ def _echo(request: CreateResponse, tools: list[Tool], top_logprobs: int, effort:
         "previous_response_id": request.previous_response_id,
         "tools": [msgspec.to_builtins(tool) for tool in tools],
         "tool_choice": _echoed_choice(choice),
-        "parallel_tool_calls": True if request.parallel_tool_calls is None else request.parallel_tool_calls,
+        "parallel_tool_calls": chat.get("parallel_tool_calls", True),
         "text": {"format": _echoed_format(text), "verbosity": None},
         "reasoning": {"effort": effort, "summary": reasoning.summary},
-        "temperature": 1.0 if request.temperature is None else request.temperature,
-        "top_p": 1.0 if request.top_p is None else request.top_p,
-        "presence_penalty": request.presence_penalty or 0.0,
-        "frequency_penalty": request.frequency_penalty or 0.0,
+        "temperature": chat.get("temperature", 1.0),
+        "top_p": chat.get("top_p", 1.0),
+        "presence_penalty": chat.get("presence_penalty", 0.0),
+        "frequency_penalty": chat.get("frequency_penalty", 0.0),
         "top_logprobs": top_logprobs,
-        "max_output_tokens": request.max_output_tokens,
+        "max_output_tokens": chat.get("max_completion_tokens", chat.get("max_tokens")),
         "max_tool_calls": request.max_tool_calls,
         "truncation": request.truncation if request.truncation in _ECHOED_TRUNCATION else "disabled",
         "store": stored,

@@ -171,11 +171,20 @@ class ToolChoiceCustom(_Tagged, tag="custom"):
     namespace: str | None = None
 
 
+class ToolChoiceAllowed(_Tagged, tag="allowed_tools"):
+    """Only these of the request's tools may be called: each named as a tool choice is, kept as
+    sent so that the response repeats it."""
+
+    mode: Literal["auto", "required"]
+    tools: list[dict[str, Any]]
+
+
 class HostedToolChoice(_Tagged, tag=_DROPPED):
     kind: str
 
 
-ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction | ToolChoiceCustom | HostedToolChoice
+ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction | ToolChoiceCustom | ToolChoiceAllowed | HostedToolChoice
+CHOSEN_BY_NAME = ("function", "custom")
 
 
 class TextFormatText(_Tagged, tag="text"):
@@ -272,7 +281,7 @@ def parse_request(data: Any) -> CreateResponse:
     if isinstance(items, list):
         fields["input"] = _prepared(items)
     if "tool_choice" in data:
-        fields["tool_choice"] = _stand_in(data["tool_choice"], lambda kind: kind not in ("function", "custom"))
+        fields["tool_choice"] = _stand_in(data["tool_choice"], lambda kind: kind not in (*CHOSEN_BY_NAME, "allowed_tools"))
     try:
         request = msgspec.convert(fields, CreateResponse)
     except msgspec.ValidationError as exc:
@@ -327,10 +336,18 @@ def _refuse_unsupported(request: CreateResponse) -> None:
     if request.stream_options is not None and not request.stream:
         raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     choice = request.tool_choice
-    if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom) and not any(
-        (choice.namespace, choice.name) in declared for declared in map(_declared, request.tools or ())
-    ):
+    declared = set().union(*map(_declared, request.tools or ()))
+    if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom) and (choice.namespace, choice.name) not in declared:
         raise InvalidRequest(f"tool_choice names the tool '{choice.name}', which is not in 'tools'.", param="tool_choice.name")
+    if isinstance(choice, ToolChoiceAllowed):
+        for index, entry in enumerate(choice.tools):
+            kind = entry.get("type")
+            if not isinstance(kind, str):
+                raise InvalidRequest(f"Missing 'tool_choice.tools[{index}].type'.", param=f"tool_choice.tools[{index}].type")
+            if kind in CHOSEN_BY_NAME and (entry.get("namespace"), entry.get("name")) not in declared:
+                raise InvalidRequest(
+                    f"tool_choice.tools[{index}] names the tool '{entry.get('name')}', which is not in 'tools'.", param=f"tool_choice.tools[{index}].name"
+                )
 
 
 def _declared(tool: Tool) -> set[tuple[str | None, str]]:

@@ -226,6 +226,64 @@ def test_hosted_tools_are_refused_when_the_route_says_so(body: dict, param: str)
     assert "hosted_tools: drop" in refused.value.message
 
 
+@pytest.mark.parametrize(
+    "body",
+    [{}, {"tools": []}, {"tools": [web_search()]}, {"tools": [web_search()], "tool_choice": {"type": "web_search"}}],
+    ids=["no-tools", "empty-tools", "hosted-only", "hosted-choice"],
+)
+@pytest.mark.parametrize("choice", ["auto", "none"])
+def test_a_tool_choice_with_no_function_to_offer_is_not_sent(body: dict, choice: str) -> None:
+    """design.md 8.4: chat servers refuse `tool_choice` without `tools` (vLLM every value,
+    SGLang `required`)."""
+    call = plan({"input": "hi", "tool_choice": choice, **body})
+    assert "tools" not in call.chat and "tool_choice" not in call.chat
+    assert call.echo["tool_choice"] == ("auto" if "tool_choice" in body else choice)  # a hosted choice leaves the model its own
+
+
+@pytest.mark.parametrize("tools", [[], [web_search()]], ids=["no-tools", "hosted-only"])
+def test_a_required_tool_call_with_no_function_to_offer_is_refused(tools: list) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        plan({"input": "hi", "tools": tools, "tool_choice": "required"})
+    assert refused.value.param == "tool_choice"
+
+
+ALLOWED_TOOLS = [WEATHER, namespace("team", "lookup"), {"type": "custom", "name": "patch"}, web_search()]
+
+
+@pytest.mark.parametrize("mode", ["auto", "required"])
+def test_allowed_tools_offer_the_model_only_those(mode: str) -> None:
+    """`tool_choice: allowed_tools` narrows what the model may call, in the mode given; the
+    response repeats the choice as sent."""
+    choice = {"type": "allowed_tools", "mode": mode, "tools": [{"type": "function", "name": "lookup", "namespace": "team"}, {"type": "custom", "name": "patch"}, {"type": "web_search"}]}
+    call = plan({"input": "hi", "tools": ALLOWED_TOOLS, "tool_choice": choice})
+    assert function_names(call.chat) == ["team__lookup", "patch"]
+    assert call.chat["tool_choice"] == mode
+    assert call.echo["tool_choice"] == choice
+    assert "tool_choice:web_search" in call.ignored
+
+
+@pytest.mark.parametrize(
+    ("allowed", "param"),
+    [
+        ([{"type": "function", "name": "nowhere"}], "tool_choice.tools[0].name"),
+        ([{"type": "function", "name": "weather"}, {"type": "function", "name": "lookup"}], "tool_choice.tools[1].name"),  # its namespace left out
+        ([{"name": "weather"}], "tool_choice.tools[0].type"),
+        ([{"type": "web_search"}], "tool_choice"),  # required, and nothing left to call
+    ],
+)
+def test_allowed_tools_that_cannot_be_honoured_are_refused(allowed: list, param: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        plan({"input": "hi", "tools": ALLOWED_TOOLS, "tool_choice": {"type": "allowed_tools", "mode": "required", "tools": allowed}})
+    assert refused.value.param == param
+
+
+def test_an_allowed_hosted_tool_is_refused_where_the_route_refuses_hosted_tools() -> None:
+    choice = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "weather"}, {"type": "mcp", "server_label": "x"}]}
+    with pytest.raises(InvalidRequest) as refused:
+        plan({"input": "hi", "tools": [WEATHER], "tool_choice": choice}, hosted_tools="reject")
+    assert refused.value.param == "tool_choice.tools[1].type"
+
+
 # -- sealed reasoning (8.6) -----------------------------------------------------------------------
 
 

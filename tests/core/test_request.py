@@ -225,7 +225,7 @@ def test_minimal_request_sends_only_what_was_asked():
         ({"max_output_tokens": 64}, {"max_completion_tokens": 64, "max_tokens": 64}),
         ({"temperature": 0.3}, {"temperature": 0.3}),
         ({"top_p": 0.9}, {"top_p": 0.9}),
-        ({"user": "u-1"}, {"user": "u-1"}),
+        ({"user": "u-1"}, {}),  # accepted, not sent (design.md 8.1)
         ({"parallel_tool_calls": False}, {"parallel_tool_calls": False}),
         ({"presence_penalty": 0.5, "frequency_penalty": -0.5}, {"presence_penalty": 0.5, "frequency_penalty": -0.5}),
         ({"reasoning": {"effort": "low"}}, {"reasoning_effort": "low"}),
@@ -310,6 +310,20 @@ def test_route_defaults_fill_in_what_request_leaves_out():
     defaults = {"temperature": 0.6, "top_k": 20}
     assert chat({"input": "hi"}, defaults=defaults) == {**chat({"input": "hi"}), **defaults}
     assert chat({"input": "hi", "temperature": 0.1}, defaults=defaults)["temperature"] == 0.1
+
+
+@pytest.mark.parametrize(
+    ("given", "defaults", "echoed"),
+    [
+        ({}, {}, (1.0, 1.0, None, True)),
+        ({"top_p": 0.5, "max_output_tokens": 64}, {"temperature": 0.6, "top_p": 0.9, "max_tokens": 256}, (0.6, 0.5, 64, True)),
+        ({}, {"max_tokens": 256, "parallel_tool_calls": False}, (1.0, 1.0, 256, False)),
+    ],
+)
+def test_the_response_repeats_the_sampling_settings_as_sent(given, defaults, echoed):
+    """The route's defaults are what applied where the request left a setting out."""
+    echo = plan({"input": "hi", **given}, defaults=defaults).echo
+    assert (echo["temperature"], echo["top_p"], echo["max_output_tokens"], echo["parallel_tool_calls"]) == echoed
 
 
 # -- logprobs (design.md 3.1-3.4 and 3.10) ----------------------------------------
