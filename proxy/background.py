@@ -40,6 +40,13 @@ def is_terminal(event: bytes) -> bool:
     return event.startswith(_TERMINAL)
 
 
+def _stop(run: asyncio.Task[None]) -> None:
+    """Cancel a run once: a second cancel would land in the writing of its end, and leave it
+    unkept (a cancel from a client, another from its lease renewal, SIGTERM)."""
+    if not run.cancelling():
+        run.cancel()
+
+
 class BackgroundRuns:
     """This process's runs, and its share of watching every replica's leases."""
 
@@ -79,7 +86,7 @@ class BackgroundRuns:
         await self._store.cancel(id)
         run = self._runs.get(id)
         if run is not None:
-            run.cancel()
+            _stop(run)
 
     async def stop(self, linger: float) -> None:
         """SIGTERM, after the drain (whose end failed the runs that outlived it): the runs
@@ -87,7 +94,7 @@ class BackgroundRuns:
         self._stopping = True
         self.sweeper.cancel()
         for task in self._runs.values():
-            task.cancel()
+            _stop(task)
         if self._runs:
             await asyncio.wait(self._runs.values(), timeout=linger)
 
@@ -130,7 +137,7 @@ class BackgroundRuns:
             except StoreUnavailable:
                 continue  # the store logs it; the lease may yet be renewed in time
             if renewal.cancel or not renewal.held:
-                run.cancel()
+                _stop(run)
                 return
 
     async def _sweep(self) -> None:

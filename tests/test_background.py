@@ -279,6 +279,76 @@ async def test_delete_forgets_a_background_response_with_its_events(
         await kept.close()
 
 
+async def test_a_follower_past_the_end_gets_done_at_once(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession) -> None:
+    """design.md 10.2: a client that saw the terminal event (and lost `[DONE]`) resumes from it."""
+    one, other = replicas
+    upstream.script(Reply(slow_text(3)))
+    _, _, raw = await post(http, one, {**BODY, "background": True})
+    id = orjson.loads(raw)["id"]
+    await until_done(http, one, id)
+    whole = parse_sse(await replay(http, other, id))
+    last = whole[-1]["sequence_number"]
+    async with asyncio.timeout(2):  # a keep-alive interval is 15 s
+        for after in (last, last + 5):
+            assert await replay(http, other, id, after=after) == b"data: [DONE]\n\n"
+        assert parse_sse(await replay(http, one, id, after=last - 1)) == whole[-1:]
+
+
+async def test_delete_stops_a_running_response_for_good(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
+    """design.md 9.3: a running response is cancelled before it is forgotten; else its run would
+    keep it again, and its generation would go on."""
+    one, other = replicas
+    upstream.script(Reply(slow_text(), stall_after=6))
+    _, _, raw = await post(http, one, {**BODY, "background": True})
+    id = orjson.loads(raw)["id"]
+    await eventually(lambda: upstream.active_streams == 1, 5)
+    async with http.delete(f"{other}/v1/responses/{id}") as response:
+        assert response.status == 200, await response.text()
+    await asyncio.wait_for(upstream.disconnected.wait(), 3)  # the generation stopped
+    await asyncio.sleep(1.5)  # past a lease: anything the run still had to keep is kept by now
+    assert not await _found(http, one, id) and not await _found(http, other, id)
+    kept = open_store(replica_config(upstream, store).store, Metrics())
+    assert kept is not None
+    try:
+        assert await kept.events(id, -1, 0) == []
+    finally:
+        await kept.close()
+
+
+async def test_a_running_response_is_continued_only_once_it_ended(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession) -> None:
+    """What a running response made so far is a turn cut short, which its end would replace."""
+    one, other = replicas
+    upstream.script(Reply(slow_text(), delay=0.02))
+    _, _, raw = await post(http, one, {**BODY, "background": True})
+    id = orjson.loads(raw)["id"]
+    status, _, raw = await post(http, other, {**BODY, "previous_response_id": id})
+    assert status == 400 and envelope(orjson.loads(raw))["param"] == "previous_response_id"
+    await until_done(http, one, id)
+    upstream.script(Reply(slow_text(2)))
+    status, _, raw = await post(http, other, {**BODY, "previous_response_id": id})
+    assert status == 200, raw
+    assert "".join(WORDS) in str(upstream.requests[-1]["messages"])
+
+
+async def test_cancels_that_come_together_end_the_response_cancelled(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession) -> None:
+    """A second cancel of a run that is writing its end must not cut that writing short (it was
+    left unkept, and 10.4 then ended the response failed)."""
+    one, _ = replicas
+    upstream.choose = lambda body: Reply(slow_text(), headers_delay=1.0)
+    ids = []
+    for _ in range(20):
+        _, _, raw = await post(http, one, {**BODY, "background": True})
+        ids.append(orjson.loads(raw)["id"])
+
+        async def cancel(id: str = ids[-1]) -> str:
+            async with http.post(f"{one}/v1/responses/{id}/cancel") as response:
+                return str((await response.json())["status"])
+
+        assert set(await asyncio.gather(*(cancel() for _ in range(8)))) == {"cancelled"}
+    await asyncio.sleep(1.6)  # past a lease and a half: a run left unkept would be failed by now
+    assert [(await get(http, one, id))["status"] for id in ids] == ["cancelled"] * len(ids)
+
+
 async def test_background_needs_a_store_and_stores(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
     without = await start_proxy(replica_config(upstream, {"url": "none"}))
     status, _, raw = await post(http, without, {**BODY, "background": True})

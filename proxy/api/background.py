@@ -12,10 +12,13 @@ from aiohttp import web
 from ..appkeys import OWNER, RUNTIME
 from ..background import BackgroundRuns, Post, Record, is_terminal
 from ..errors import InvalidRequest
+from ..responses.history import RUNNING
 from ..responses.translate import ResponseTranslator
 from .common import KEEPALIVE, SSE_HEADERS, json_response, stored_record
 
-_FINAL = ("completed", "failed", "incomplete", "cancelled")
+
+def running(response: dict[str, Any]) -> bool:
+    return bool(response.get("background")) and response["status"] in RUNNING
 
 
 def runs_of(request: web.Request) -> BackgroundRuns:
@@ -43,6 +46,9 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
     wait = runtime.config.keepalive or 15.0
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
+    if await _ended_by(request, id, after):
+        await response.write_eof(b"data: [DONE]\n\n")
+        return response
     while True:
         events = await store.events(id, after, wait)
         if not events:
@@ -57,9 +63,45 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
         await response.write(data)
 
 
+async def _ended_by(request: web.Request, id: str, after: int) -> bool:
+    """Whether the response ended at event `after` or before it: a client that saw its terminal
+    event follows on to nothing but `[DONE]` (design.md 10.2)."""
+    if after < 0:
+        return False
+    store = request.app[RUNTIME].store
+    assert store is not None
+    at_after = await store.events(id, after - 1, 0)
+    if at_after:
+        return at_after[0][0] == after and is_terminal(at_after[0][1])
+    return (await _reread(request, id))["status"] not in RUNNING  # past its last event
+
+
+async def ended(request: web.Request, response: dict[str, Any]) -> dict[str, Any] | None:
+    """Cancel a running background response and wait, up to a lease, for its run to end
+    (design.md 10.3): the Response as it ended, its terminal event kept; None if it did not end
+    in time."""
+    store = request.app[RUNTIME].store
+    assert store is not None
+    await runs_of(request).cancel(response["id"])
+    # The run ends itself, at once here, within a third of a lease on another replica. Its
+    # final Response is kept before its terminal event (9.2): the event says both are.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + request.app[RUNTIME].config.background.lease
+    after = -1
+    while True:
+        made = await store.events(response["id"], after, 0)
+        if made:
+            after = made[-1][0]
+            if is_terminal(made[-1][1]):
+                return await _reread(request, response["id"])
+        if loop.time() >= deadline:
+            return None
+        await asyncio.sleep(0.05)
+
+
 async def current(request: web.Request, response: dict[str, Any]) -> dict[str, Any]:
     """A background response as it stands: if its run was lost, ended first."""
-    if response.get("background") and response["status"] not in _FINAL and await runs_of(request).end_if_lost(response["id"], request[OWNER]):
+    if running(response) and await runs_of(request).end_if_lost(response["id"], request[OWNER]):
         return await _reread(request, response["id"])
     return response
 
@@ -74,12 +116,7 @@ async def cancel(request: web.Request) -> web.Response:
     if status in ("completed", "failed", "incomplete"):
         raise InvalidRequest(f"Cannot cancel a response that is already {status}.", param="response_id")
     if status != "cancelled":
-        await runs_of(request).cancel(response["id"])
-        # The run ends itself, at once here, within a third of a lease on another replica.
-        deadline = asyncio.get_running_loop().time() + request.app[RUNTIME].config.background.lease
-        while response["status"] not in _FINAL and asyncio.get_running_loop().time() < deadline:
-            await asyncio.sleep(0.05)
-            response = await _reread(request, response["id"])
+        response = await ended(request, response) or await _reread(request, response["id"])
     return json_response(response)
 
 

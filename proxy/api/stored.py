@@ -99,7 +99,13 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
 
 
 async def delete(request: web.Request) -> web.Response:
+    """A running background response is cancelled first (design.md 9.3): its run would keep
+    the response it makes, again, after it was forgotten."""
     id = request.match_info["id"]
+    record = await stored_record(request, id)
+    response = await background.current(request, orjson.loads(bytes(record.response)))
+    if background.running(response) and await background.ended(request, response) is None:
+        raise InvalidRequest("The response is still running: it was asked to stop; delete it once it has.", param="response_id")
     if not await store_of(request).delete(id, request[OWNER]):
         raise NotFound(f"No response with id '{id}'.", param="response_id")
     return json_response({"id": id, "object": "response.deleted", "deleted": True})

@@ -15,6 +15,7 @@ from .logprobs import INCLUDE_LOGPROBS
 from .schema import CreateResponse, ItemReference, parse_items
 from .translate import IdSource
 
+RUNNING = ("queued", "in_progress")  # a background response's statuses until it ends (design.md 10.1)
 # The prefix of the id an input item gets when its client sent none, by its type.
 _ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc", "reasoning": "rs"}
 
@@ -48,8 +49,12 @@ def chain_items(records: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
     output (design.md 9.4). `records` holds each response's (input items, Response) JSON."""
     items: list[dict[str, Any]] = []
     for input_items, response in records:
+        made = orjson.loads(response)
+        if made["status"] in RUNNING:
+            # Its output so far is a turn cut short, which its end would then replace.
+            raise InvalidRequest(f"The response '{made['id']}' is still running: continue from it once it has ended.", param="previous_response_id")
         items += orjson.loads(input_items)
-        items += orjson.loads(response)["output"]
+        items += made["output"]
     return items
 
 
