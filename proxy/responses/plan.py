@@ -15,6 +15,7 @@ import msgspec
 from ..errors import InvalidRequest
 from .logprobs import INCLUDE_LOGPROBS, SPEC_MAX_TOP_LOGPROBS, effective_top_logprobs
 from .schema import (
+    CHOSEN_BY_NAME,
     INCLUDE_ENCRYPTED_REASONING,
     ContentPart,
     CreateResponse,
@@ -167,7 +168,7 @@ def _offered(choice: ToolChoice | None, table: ToolTable, settings: TranslationS
     elif isinstance(choice, ToolChoiceAllowed):
         allowed = set()
         for index, entry in enumerate(choice.tools):
-            if entry["type"] in ("function", "custom"):
+            if entry["type"] in CHOSEN_BY_NAME:
                 allowed.add(table.chat_name(entry["name"], entry.get("namespace")))
             else:
                 _drop_hosted("tool_choice", entry["type"], f"tool_choice.tools[{index}].type", settings, ignored)
