@@ -196,11 +196,14 @@ class Target(msgspec.Struct, frozen=True):
     pattern: str  # the matching route's model pattern: a label of bounded cardinality for metrics
 
 
+def routed(config: Config) -> list[Route]:
+    """The routes in force: with none configured, the first upstream serves every model."""
+    return config.routes or [Route(model="*", upstream=config.upstreams[0].name)]
+
+
 def resolve(config: Config, model: str) -> Target | None:
-    """The first route whose pattern matches `model`; with no routes, the first upstream serves all."""
-    if not config.routes:
-        return Target(config.upstreams[0], model, "*")
-    for route in config.routes:
+    """The first route whose pattern matches `model`."""
+    for route in routed(config):
         if route.model == model or fnmatch.fnmatchcase(model, route.model):
             upstream = _upstream(config, route.upstream)
             return Target(upstream, route.rewrite_model or model, route.model)
@@ -212,13 +215,13 @@ def _upstream(config: Config, name: str) -> Upstream:
 
 
 def served_models(config: Config) -> list[str]:
-    return [route.model for route in config.routes] or ["*"]
+    return [route.model for route in routed(config)]
 
 
 def describe(config: Config) -> str:
     """The resolved routes, one line each, as `--check-config` prints them."""
     lines = []
-    for route in config.routes or [Route(model="*", upstream=config.upstreams[0].name)]:
+    for route in routed(config):
         upstream = _upstream(config, route.upstream)
         target = f" as {route.rewrite_model}" if route.rewrite_model else ""
         lines.append(f"{route.model} -> {upstream.name}{target} [{', '.join(upstream.urls)}]")

@@ -10,7 +10,7 @@ from collections.abc import Callable
 
 from . import config as config_module
 from .background import BackgroundRuns
-from .config import Config, Target, resolve
+from .config import Config, Target, resolve, routed
 from .errors import ServerShuttingDown
 from .metrics import Metrics
 from .responses.sealing import Sealer, derive_key
@@ -59,7 +59,9 @@ class Runtime:
             client.end_exchanges(error)
 
     def ready(self) -> bool:
-        return not self.draining and all(client.ready() for client in self.clients.values())
+        """Not draining, and every route with a healthy replica: an upstream no route uses
+        cannot take the process out of rotation."""
+        return not self.draining and all(self.clients[route.upstream].ready() for route in routed(self.config))
 
     def reload(self, config: Config) -> None:
         """Take `config`; an upstream whose settings did not change keeps its client (and its

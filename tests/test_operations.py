@@ -366,6 +366,19 @@ async def test_ready_follows_the_health_probe(upstream, start_proxy, http) -> No
     await eventually(lambda: ready_is(200))
 
 
+@pytest.mark.parametrize("routes", [[{"model": "m", "upstream": "live"}], []], ids=["routed", "first-serves-all"])
+async def test_an_upstream_no_route_uses_leaves_ready_alone(upstream, start_proxy, http, routes) -> None:
+    """/ready is every route with a healthy replica (with no routes, the first upstream's)."""
+    dead = f"http://127.0.0.1:{free_port()}"
+    config = parse({
+        "upstreams": [{"name": "live", "urls": [upstream.url], "health_check": HEALTH_PROBE}, {"name": "spare", "urls": [dead], "health_check": HEALTH_PROBE}],
+        "routes": routes,
+    })
+    url = await start_proxy(config)
+    await asyncio.sleep(0.5)  # probes of the dead one have failed by now
+    assert await status_of(http, f"{url}/ready") == 200
+
+
 async def test_ready_is_503_after_the_only_replica_refused(start_proxy, http) -> None:
     url = await start_proxy(pool(f"http://127.0.0.1:{free_port()}", eject_seconds=600))
     assert await status_of(http, f"{url}/ready") == 200
