@@ -7,9 +7,11 @@ from typing import Any, Generic, TypeVar
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
-# Distinct `what` labels of the ignored counter: clients choose unknown field names, so the
-# set is bounded; past it they count as `other`.
+# Distinct `what` labels of the ignored counter, and their length: clients choose unknown
+# field names, so both are bounded; past them a name counts as `other`, and is not logged
+# (design.md 8.1).
 _MAX_IGNORED_KINDS = 256
+_MAX_IGNORED_NAME = 128
 
 M = TypeVar("M", Counter, Histogram)
 
@@ -61,10 +63,11 @@ class Metrics:
 
     def ignored(self, what: str) -> bool:
         """Count one thing a request named that was left out; True the first time it is seen."""
-        new = what not in self._ignored_kinds and len(self._ignored_kinds) < _MAX_IGNORED_KINDS
+        known = what in self._ignored_kinds
+        new = not known and len(what) <= _MAX_IGNORED_NAME and len(self._ignored_kinds) < _MAX_IGNORED_KINDS
         if new:
             self._ignored_kinds.add(what)
-        self._ignored.labels(what if what in self._ignored_kinds else "other").inc()
+        self._ignored.labels(what if known or new else "other").inc()
         return new
 
     def upstream_error(self, upstream: str, kind: str) -> None:

@@ -74,13 +74,19 @@ async def test_left_out_things_are_counted_and_logged_once(
     assert "frobnicate" not in upstream.requests[0] and "tools" not in upstream.requests[0]
 
 
-async def test_the_ignored_metric_keeps_its_labels_bounded(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+async def test_the_ignored_metric_keeps_its_labels_bounded(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, caplog) -> None:
+    """In number and in length: a client that names a field of megabytes grows neither
+    /metrics nor the log by it."""
     upstream.script(Reply(agent_turn()))
+    caplog.set_level(logging.INFO, logger="proxy")
+    long = "x" * 1_000_000
+    await post(http, proxy, {**BODY, long: 1})
     await asyncio.gather(*(post(http, proxy, {**BODY, f"field_{i}": 1}) for i in range(300)))
     metrics = await scrape(http, proxy)
     labelled = {dict(labels)["what"] for name, labels in metrics if name == IGNORED}
-    assert len(labelled) == 257 and "other" in labelled
-    assert sum(value for (name, _), value in metrics.items() if name == IGNORED) == 300
+    assert len(labelled) == 257 and "other" in labelled and all(len(what) < 200 for what in labelled)
+    assert sum(value for (name, _), value in metrics.items() if name == IGNORED) == 301
+    assert long not in caplog.text
 
 
 @pytest.mark.parametrize(
