@@ -65,12 +65,16 @@ class BackgroundRuns:
         queued = translator.progress()
         id = queued["id"]
         limits = self._settings
-        found = await self._store.claim(id, owner, self.holder, limits.lease, Runs(limits.max_running, limits.max_running_per_key))
+        # Without API keys every request is nobody's (owner ""): only the cap of all counts.
+        per_key = limits.max_running_per_key if owner else limits.max_running
+        found = await self._store.claim(id, owner, self.holder, limits.lease, Runs(limits.max_running, per_key))
         if found is not None:
-            raise TooManyRequests(
-                f"{found.mine} background responses of this key and {found.total} in all are running (limits: "
-                f"{limits.max_running_per_key} a key, {limits.max_running} in all); wait for one to end."
+            running = (
+                f"{found.mine} background responses of this key and {found.total} in all are running (limits: {per_key} a key, {limits.max_running} in all)"
+                if owner
+                else f"{found.total} background responses are running (limit: {limits.max_running})"
             )
+            raise TooManyRequests(f"{running}; wait for one to end.")
         try:
             await self._store.put(record(queued))
         except BaseException:  # the store failed, or the request was cancelled meanwhile

@@ -149,20 +149,31 @@ async def test_cancel_from_the_other_replica(upstream: FakeUpstream, replicas: t
             assert message == ("Cannot cancel a response that is already completed." if done["background"] else "Cannot cancel a synchronous response.")
 
 
-async def test_caps_on_running_responses(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
-    url = await start_proxy(replica_config(upstream, store, background={"max_running": 3, "max_running_per_key": 2}))
+async def test_caps_on_running_responses(upstream: FakeUpstream, start_proxy, store: dict[str, Any]) -> None:
+    config = replica_config(upstream, store, background={"max_running": 3, "max_running_per_key": 2}, auth={"api_keys": ["sk-a", "sk-b"]})
+    url = await start_proxy(config)
     upstream.script(Reply(slow_text(), stall_after=3))
-    ids = []
-    for _ in range(2):
-        status, _, raw = await post(http, url, {**BODY, "background": True})
-        assert status == 200
-        ids.append(orjson.loads(raw)["id"])
-    status, _, raw = await post(http, url, {**BODY, "background": True})
-    assert status == 429 and envelope(orjson.loads(raw), "rate_limit_exceeded")
-    async with http.post(f"{url}/v1/responses/{ids[0]}/cancel") as response:
-        assert response.status == 200
-    status, _, _ = await post(http, url, {**BODY, "background": True})
-    assert status == 200  # a place came free
+    sessions = {key: aiohttp.ClientSession(headers={"Authorization": f"Bearer {key}"}) for key in ("sk-a", "sk-b")}
+    try:
+        answers = [await post(sessions[key], url, {**BODY, "background": True}) for key in ("sk-a", "sk-a", "sk-a", "sk-b", "sk-b")]
+        assert [status for status, _, _ in answers] == [200, 200, 429, 200, 429]  # a key's cap, then the cap of all
+        assert envelope(orjson.loads(answers[2][2]), "rate_limit_exceeded")
+        async with sessions["sk-a"].post(f"{url}/v1/responses/{orjson.loads(answers[0][2])['id']}/cancel") as response:
+            assert response.status == 200
+        status, _, _ = await post(sessions["sk-b"], url, {**BODY, "background": True})
+        assert status == 200  # a place came free
+    finally:
+        for session in sessions.values():
+            await session.close()
+
+
+async def test_without_keys_only_the_cap_of_all_counts(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
+    """With no API keys every request is nobody's: a key's cap would be the cap of all."""
+    url = await start_proxy(replica_config(upstream, store, background={"max_running": 3, "max_running_per_key": 1}))
+    upstream.script(Reply(slow_text(), stall_after=3))
+    answers = [await post(http, url, {**BODY, "background": True}) for _ in range(4)]
+    assert [status for status, _, _ in answers] == [200, 200, 200, 429]
+    assert "key" not in envelope(orjson.loads(answers[3][2]), "rate_limit_exceeded")["message"]
 
 
 async def test_the_cap_of_all_keys_together(upstream: FakeUpstream, start_proxy, store: dict[str, Any]) -> None:
