@@ -5,9 +5,9 @@
     ├── InvalidRequest              400  invalid_request_error     the client's request is at fault
     │   ├── ContextLengthExceeded   400  context_length_exceeded   the prompt does not fit the model
     │   ├── Unauthorized            401  invalid_api_key
-    │   ├── NotFound                404  not_found
+    │   ├── NotFound                404  not_found                 (an upstream's own 404 too)
     │   ├── MethodNotAllowed        405  method_not_allowed
-    │   ├── RequestTimeout          408  request_timeout           its body came too slowly
+    │   ├── RequestTimeout          408  request_timeout           its body came too slowly; an upstream's own 408
     │   ├── PayloadTooLarge         413  request_too_large
     │   ├── UnsupportedMediaType    415  unsupported_media_type
     │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
@@ -174,7 +174,7 @@ class UpstreamTimeout(UpstreamError):
 
 # An upstream's own client errors, by status; any other 4xx is reported as a 400.
 _REJECTIONS: dict[int, type[InvalidRequest]] = {
-    cls.status: cls for cls in (InvalidRequest, NotFound, PayloadTooLarge, UnprocessableEntity, TooManyRequests)
+    cls.status: cls for cls in (InvalidRequest, NotFound, RequestTimeout, PayloadTooLarge, UnprocessableEntity, TooManyRequests)
 }
 
 
@@ -183,5 +183,5 @@ def rejected_by_upstream(status: int, message: str, param: str | None) -> ProxyE
     and keeps its status and message; 401 and 403 mean the proxy's own upstream credentials are
     wrong, which is no fault of the client's; everything else is the upstream's failure."""
     if 400 <= status < 500 and status not in (401, 403):
-        return _REJECTIONS.get(status, InvalidRequest)(message, param=param, code="invalid_request_error")
+        return _REJECTIONS.get(status, InvalidRequest)(message, param=param)
     return UpstreamError(message, param=param)

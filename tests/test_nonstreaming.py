@@ -310,24 +310,26 @@ async def test_bad_input(upstream, proxy, http, body, param):
 
 
 @pytest.mark.parametrize(
-    ("reply", "status"),
+    ("reply", "status", "code"),
     [
-        (sglang_error(400, "This model's maximum context length is 32768 tokens.", "messages"), 400),
-        (vllm_error(400, "top_logprobs must be at most 20"), 400),
-        (vllm_error(404, "The model `m` does not exist."), 404),
-        (sglang_error(500, "CUDA out of memory"), 502),
-        (vllm_error(503, "overloaded"), 502),
-        (Reply(status=200, body=b"<html>not json</html>"), 502),
-        (Reply(status=200, body=b""), 502),
-        (Reply(status=200, body={"object": "chat.completion", "choices": []}), 502),
+        (sglang_error(400, "This model's maximum context length is 32768 tokens.", "messages"), 400, "context_length_exceeded"),
+        (vllm_error(400, "top_logprobs must be at most 20"), 400, "invalid_request_error"),
+        (vllm_error(404, "The model `m` does not exist."), 404, "not_found"),
+        (vllm_error(408, "the request took too long"), 408, "request_timeout"),
+        (vllm_error(429, "too many requests"), 429, "rate_limit_exceeded"),
+        (sglang_error(500, "CUDA out of memory"), 502, "server_error"),
+        (vllm_error(503, "overloaded"), 502, "server_error"),
+        (Reply(status=200, body=b"<html>not json</html>"), 502, "upstream_protocol_error"),
+        (Reply(status=200, body=b""), 502, "upstream_protocol_error"),
+        (Reply(status=200, body={"object": "chat.completion", "choices": []}), 502, "upstream_protocol_error"),
     ],
-    ids=["sglang-400", "vllm-400", "vllm-404", "sglang-500", "vllm-503", "non-json-200", "empty-200", "no-choices-200"],
+    ids=["sglang-400", "vllm-400", "vllm-404", "vllm-408", "vllm-429", "sglang-500", "vllm-503", "non-json-200", "empty-200", "no-choices-200"],
 )
-async def test_upstream_error(upstream, proxy, http, reply, status):
+async def test_upstream_error(upstream, proxy, http, reply, status, code):
     upstream.script(reply)
-    code, body = await create(http, proxy, BODY)
-    assert code == status
-    error = envelope(body)
+    answered, body = await create(http, proxy, BODY)
+    assert answered == status
+    error = envelope(body, code)
     if status < 500:  # the upstream's own words reach the client (SGLang flat, vLLM nested)
         sent = reply.body.get("error", reply.body)
         assert (error["message"], error["param"]) == (sent["message"], sent["param"])

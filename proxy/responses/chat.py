@@ -206,7 +206,10 @@ def _error_fields(body: bytes) -> tuple[str, str | None, Any, Any]:
         return body.decode(errors="replace")[:_MAX_ERROR_TEXT], None, None, None
     error = data["error"] if isinstance(data.get("error"), dict) else data
     message, param = error.get("message"), error.get("param")
-    if not message and isinstance(data.get("detail"), (str, list)):  # FastAPI's own validation errors
-        message = data["detail"]
+    detail = data.get("detail")
+    if not message and isinstance(detail, str):
+        message = detail
+    elif not message and isinstance(detail, list):  # FastAPI's own validation errors: where, and what
+        message = "; ".join(f"{'.'.join(map(str, entry.get('loc') or ()))}: {entry.get('msg')}" for entry in detail if isinstance(entry, dict))
     text = str(message).strip()[:_MAX_ERROR_TEXT] if message else ""
     return text, param if isinstance(param, str) else None, error.get("code"), error.get("type")

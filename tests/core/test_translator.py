@@ -6,6 +6,7 @@ import orjson
 import pytest
 
 from proxy.errors import UpstreamTimeout
+from proxy.responses.chat import upstream_error
 from proxy.responses.sse import DEFAULT_MAX_EVENT
 from tests.client import parse_sse
 from tests.events import (
@@ -309,6 +310,20 @@ def assert_failed_after(k: int, pieces: list[bytes], message: str | None = None,
     assert all(status == "incomplete" for status in statuses[len(added) :])
     assert stream.logprobs == sent_scores(CHUNKS[:k])
     assert (stream.message is not None) == bool(sent_scores(CHUNKS[:k]))
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        (b'{"detail": "Not Found"}', "Not Found"),
+        (b'{"detail": [{"loc": ["body", "messages", 0], "msg": "Field required", "type": "missing"}, {"loc": ["body", "n"], "msg": "too big"}]}',
+         "body.messages.0: Field required; body.n: too big"),
+    ],
+    ids=["text", "validation-list"],
+)
+def test_fastapi_error_details_read_as_words(body: bytes, message: str) -> None:
+    error = upstream_error(body, 422)
+    assert (error.status, error.message) == (422, message)
 
 
 @pytest.mark.parametrize("k", range(1, len(CHUNKS) + 1))
