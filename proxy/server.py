@@ -82,8 +82,9 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
             response = _rendered(request, error)
         except web.HTTPNotFound:
             response = _rendered(request, NotFound(f"No such endpoint: {request.method} {request.path}."))
-        except web.HTTPMethodNotAllowed:
+        except web.HTTPMethodNotAllowed as refused:
             response = _rendered(request, MethodNotAllowed(f"{request.method} is not allowed on {request.path}."))
+            response.headers["Allow"] = ",".join(sorted(refused.allowed_methods))  # a 405 must say (RFC 9110)
         except (web.HTTPException, asyncio.CancelledError):
             raise
         except Exception:  # a failure not foreseen: logged whole, answered in the envelope (design.md 5.9)

@@ -94,6 +94,14 @@ async def test_body_not_a_request(upstream, proxy, http, data: bytes) -> None:
     await refused(http, proxy, upstream, 400, data=data, headers={"Content-Type": "application/json"})
 
 
+@pytest.mark.parametrize(("method", "path", "allowed"), [("GET", "/v1/responses", "POST"), ("PUT", "/v1/models", "GET")])
+async def test_a_method_not_allowed_says_which_are(upstream, proxy, http, method: str, path: str, allowed: str) -> None:
+    """A 405 in the envelope, with the `Allow` header RFC 9110 asks for."""
+    async with http.request(method, f"{proxy}{path}") as response:
+        assert response.status == 405 and allowed in response.headers["Allow"].split(",")
+        envelope(await response.json(), "method_not_allowed")
+
+
 @pytest.mark.parametrize(
     "content_type",
     ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", "application/xml", "text/event-stream", "application/jsonl"],
