@@ -99,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             config = config_module.load(args.check_config)
         except ConfigError as exc:
-            print(f"{args.check_config}: {exc}", file=sys.stderr)
+            print(exc, file=sys.stderr)
             return 1
         print(config_module.describe(config))
         return 0

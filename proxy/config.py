@@ -238,11 +238,11 @@ def single_upstream(url: str) -> Config:
 
 
 def load(path: str | Path) -> Config:
+    """The config file at `path`; what is wrong with it names the file once."""
     try:
-        data = yaml.safe_load(Path(path).read_text())
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        return parse(yaml.safe_load(Path(path).read_text()) or {})
+    except (OSError, UnicodeDecodeError, yaml.YAMLError, ConfigError) as exc:
         raise ConfigError(f"{path}: {exc}") from None
-    return parse(data or {})
 
 
 def parse(data: Any) -> Config:

@@ -144,7 +144,7 @@ def test_check_config_refuses_a_broken_file(tmp_path: Path, text: str | bytes, w
     result = check_config(path)
     assert result.returncode != 0
     assert where in result.stderr and "Traceback" not in result.stderr, result.stderr
-    assert result.stdout == ""
+    assert result.stderr.count(str(path)) == 1 and result.stdout == ""  # the file named once
 
 
 # -- routes -----------------------------------------------------------------------------------
