@@ -386,7 +386,11 @@ async def test_a_20k_token_answer_with_20_alternatives_passes(upstream: FakeUpst
 FLOOD = Generation([*(Step("text", "x" * 8192) for _ in range(2000)), Step("finish", finish_reason="stop")])
 
 
-async def silent_reader(url: str, body: dict) -> asyncio.StreamWriter:
+# Each streaming endpoint with a request it streams: translated, and relayed as it came.
+STREAMED = [("/v1/responses", BODY), ("/v1/chat/completions", {"model": "m", "messages": [{"role": "user", "content": "hi"}]})]
+
+
+async def silent_reader(url: str, body: dict, path: str = "/v1/responses") -> asyncio.StreamWriter:
     """A client that sends a streaming request and never reads a byte of the answer."""
     host, port = url.removeprefix("http://").split(":")
     sock = socket.socket()
@@ -395,22 +399,24 @@ async def silent_reader(url: str, body: dict) -> asyncio.StreamWriter:
     await asyncio.get_running_loop().sock_connect(sock, (host, int(port)))
     _, writer = await asyncio.open_connection(sock=sock)
     data = orjson.dumps({**body, "stream": True})
-    writer.write(f"POST /v1/responses HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+    writer.write(f"POST {path} HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
     await writer.drain()
     return writer
 
 
-async def test_silent_readers_are_let_go_and_a_full_pool_says_so(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+@pytest.mark.parametrize(("path", "body"), STREAMED, ids=["responses", "chat-relay"])
+async def test_silent_readers_are_let_go_and_a_full_pool_says_so(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, path: str, body: dict) -> None:
     timeouts = {"client_idle": 0.5, "connect": 0.3}
     url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url], "max_connections": 3, "timeouts": timeouts}]}))
-    upstream.script(Reply(FLOOD))
-    readers = [await silent_reader(url, BODY) for _ in range(3)]
+    upstream.choose = lambda _: Reply(FLOOD)
+    readers = [await silent_reader(url, body, path) for _ in range(3)]
     await eventually(lambda: upstream.active_streams == 3)
     # The pool is full: a clear 503, not a timeout blamed on the upstream.
     status, _, raw = await post(http, url, BODY)
     assert status == 503 and envelope(orjson.loads(raw), "upstream_busy")["message"].startswith("All 3 connections")
     # Past client_idle the silent readers are let go, and their upstream requests with them.
     await eventually(lambda: upstream.disconnects == 3, timeout=5)
+    upstream.choose = None
     upstream.script(Reply(Generation([Step("text", "Hi"), Step("finish", finish_reason="stop")])))
     status, _, raw = await post(http, url, BODY)
     assert status == 200, raw
@@ -418,11 +424,12 @@ async def test_silent_readers_are_let_go_and_a_full_pool_says_so(upstream: FakeU
         writer.close()
 
 
-async def test_total_bounds_an_exchange_blocked_on_a_slow_client(upstream: FakeUpstream, start_proxy) -> None:
+@pytest.mark.parametrize(("path", "body"), STREAMED, ids=["responses", "chat-relay"])
+async def test_total_bounds_an_exchange_blocked_on_a_slow_client(upstream: FakeUpstream, start_proxy, path: str, body: dict) -> None:
     url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url], "timeouts": {"total": 1.0, "client_idle": 60}}]}))
     upstream.script(Reply(FLOOD))
     started = asyncio.get_running_loop().time()
-    writer = await silent_reader(url, BODY)
+    writer = await silent_reader(url, body, path)
     await asyncio.wait_for(upstream.disconnected.wait(), 5)
     assert asyncio.get_running_loop().time() - started < 3
     writer.close()

@@ -6,7 +6,7 @@ from aiohttp import hdrs, web
 
 from ..appkeys import RUNTIME
 from ..errors import InvalidRequest, ProxyError
-from .common import find_target, load_json, read_body, upstream_headers
+from .common import ClientWatch, find_target, load_json, read_body, upstream_headers
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
@@ -24,14 +24,19 @@ async def forward(request: web.Request) -> web.StreamResponse:
             headers[hdrs.CONTENT_ENCODING] = upstream.headers[hdrs.CONTENT_ENCODING]
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
+        # A client that stops reading is let go as on /v1/responses (design.md 4.12); nothing is
+        # added to bytes relayed as they came, keep-alives included.
+        watch = ClientWatch(request, response, None, exchange.timeouts.client_idle, exchange.deadline)
         try:
             while data := await exchange.read_chunk():
-                await response.write(data)
-            await response.write_eof()
+                await watch.write(data)
+            await watch.write(b"", last=True)
         except ProxyError:
             # Headers are gone: the only honest signal left is a connection cut short.
             if request.transport is not None:
                 request.transport.close()
         except ConnectionResetError:
-            pass  # the client left; leaving the block closes the upstream request
+            pass  # the client left, or was let go; leaving the block closes the upstream request
+        finally:
+            watch.stop()
     return response
