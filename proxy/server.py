@@ -176,7 +176,9 @@ async def serve(
         app,
         handler_cancellation=True,
         access_log=None,
-        shutdown_timeout=linger,
+        # aiohttp waits this twice (for a handler, then for it after cancelling its request)
+        # before it cancels the handler: half, so that what lingers is gone within `linger`.
+        shutdown_timeout=linger / 2,
         logger=http_log,
         auto_decompress=False,
         keepalive_timeout=connections.keepalive,

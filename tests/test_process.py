@@ -17,7 +17,7 @@ import aiohttp
 import pytest
 import yaml
 
-from tests.client import eventually, output_text, parse_sse
+from tests.client import envelope, eventually, output_text, parse_sse
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 from tests.harness import free_port
 
@@ -194,6 +194,26 @@ async def test_sigterm_ends_a_stream_that_outlives_the_grace(upstream, spawn, gr
     assert [e["type"] for e in events[-2:]] == ["error", "response.failed"]
     assert events[-2]["code"] == "server_shutting_down"
     await asyncio.wait_for(upstream.disconnected.wait(), 5)  # the upstream request was closed, not left running
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+async def test_sigterm_ends_a_request_still_waiting_for_upstream_headers(upstream, spawn, stream: bool) -> None:
+    """A long queue or prefill before the upstream's headers: at the grace, a 503 in the
+    envelope (its stream had not begun), not a cut connection, and an exit within a second more."""
+    grace = 0.5
+    upstream.script(Reply(SLOW, headers_delay=60))
+    proxy = await spawn(routes(upstream, shutdown_grace=grace))
+    async with fresh() as http:
+        answer = asyncio.create_task(http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": stream}))
+        await eventually(lambda: len(upstream.requests) == 1)
+        signalled = asyncio.get_running_loop().time()
+        proxy.proc.send_signal(signal.SIGTERM)
+        async with await answer as response:
+            assert response.status == 503
+            envelope(await response.json(), "server_shutting_down")
+        assert await asyncio.wait_for(proxy.proc.wait(), grace + 5) == 0
+        assert asyncio.get_running_loop().time() - signalled < grace + 1.5
+    await asyncio.wait_for(upstream.disconnected.wait(), 5)  # the upstream request was closed
 
 
 def children(pid: int) -> list[int]:

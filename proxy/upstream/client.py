@@ -225,6 +225,9 @@ class UpstreamClient:
         self._idle = asyncio.Event()
         self._idle.set()
         self._exchanges: set[Exchange] = set()
+        # Requests still waiting for their answer's headers, and why those that are ended were.
+        self._sending: set[asyncio.Task[Any]] = set()
+        self._ended: dict[asyncio.Task[Any], ProxyError] = {}
         # The pool's bound, ours rather than the connector's, so that a full pool says so
         # instead of passing for an upstream that does not answer (design.md 4.12).
         self._slots = asyncio.Semaphore(config.max_connections)
@@ -263,8 +266,14 @@ class UpstreamClient:
         await self._idle.wait()
 
     def end_exchanges(self, error: ProxyError) -> None:
+        """End every request in flight with `error` (SIGTERM past its grace, design.md 5.10):
+        those reading an answer, and those still waiting for its headers (a long queue or
+        prefill), whose wait is cancelled."""
         for exchange in self._exchanges:
             exchange.end(error)
+        for task in self._sending:
+            self._ended[task] = error
+            task.cancel()
 
     def ready(self) -> bool:
         now = time.monotonic()
@@ -290,7 +299,7 @@ class UpstreamClient:
         self._in_flight += 1
         self._idle.clear()
         try:
-            response, replica = await self._send(path, data, headers, deadline)
+            response, replica = await self._answered(path, data, headers, deadline)
             try:
                 if response.status >= 400:
                     raise self._failures.status(response.status, await _error_body(response))
@@ -315,6 +324,22 @@ class UpstreamClient:
             self._in_flight -= 1
             if not self._in_flight:
                 self._idle.set()
+
+    async def _answered(self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None) -> tuple[aiohttp.ClientResponse, Replica]:
+        """`_send`, unless `end_exchanges` ends the wait first: then with its error."""
+        task = asyncio.current_task()
+        assert task is not None
+        self._sending.add(task)
+        try:
+            return await self._send(path, data, headers, deadline)
+        except asyncio.CancelledError:
+            error = self._ended.pop(task, None)
+            if error is None:
+                raise  # the client went away
+            task.uncancel()
+            raise error from None
+        finally:
+            self._sending.discard(task)
 
     async def _take_slot(self) -> None:
         if not self._slots.locked():
