@@ -85,22 +85,23 @@ async def test_no_answer_is_a_gateway_error(
 
 @pytest.mark.parametrize("streaming", [False, True], ids=["plain", "stream"])
 @pytest.mark.parametrize(
-    ("reply", "status", "message", "param"),
+    ("reply", "status", "code", "message", "param"),
     [
-        pytest.param(sglang_error(400, "context too long", "messages"), 400, "context too long", "messages", id="sglang-flat"),
-        pytest.param(vllm_error(422, "top_logprobs too big", "top_logprobs"), 422, "top_logprobs too big", "top_logprobs", id="vllm-nested"),
-        pytest.param(Reply(status=429, body=b"slow down, please\n"), 429, "slow down, please", None, id="text-429"),
-        pytest.param(Reply(status=404, body=b""), 404, None, None, id="empty-404"),
+        pytest.param(sglang_error(400, "context too long", "messages"), 400, "invalid_request_error", "context too long", "messages", id="sglang-flat"),
+        pytest.param(vllm_error(422, "top_logprobs too big", "top_logprobs"), 422, "invalid_request_error", "top_logprobs too big", "top_logprobs", id="vllm-nested"),
+        pytest.param(Reply(status=429, body=b"slow down, please\n"), 429, "rate_limit_exceeded", "slow down, please", None, id="text-429"),
+        pytest.param(Reply(status=404, body=b""), 404, "not_found", None, None, id="empty-404"),
     ],
 )
 async def test_upstream_4xx_keeps_its_status_and_words(
-    upstream, launch, http, baseline, reply: Reply, status: int, message: str | None, param: str | None, streaming: bool
+    upstream, launch, http, baseline, reply: Reply, status: int, code: str, message: str | None, param: str | None, streaming: bool
 ) -> None:
+    """design.md 5.5: the status, that status's code, and the upstream's words."""
     running = await launch()
     upstream.script(reply)
     got, kind, raw = await post(http, running.url, {**BODY, "stream": streaming})
     assert (got, kind) == (status, "application/json"), raw
-    error = envelope(orjson.loads(raw), "invalid_request_error", type="invalid_request_error")
+    error = envelope(orjson.loads(raw), code, type="invalid_request_error")
     if message is not None:
         assert (error["message"], error["param"]) == (message, param)
     await settled(running, upstream, baseline)
