@@ -274,15 +274,16 @@ class ResponseTranslator:
     def _tool_call(self, position: int, delta: ToolCallDelta) -> None:
         index = position if delta.index is None else delta.index
         call = self._calls.get(index)
-        if call is None or (delta.id and call.call_id and delta.id != call.call_id):
-            # design.md 6.4: another id at an index is another call.
+        function = delta.function
+        named = function is not None and bool(function.name)
+        if call is None or (named and delta.id and call.call_id and delta.id != call.call_id):
+            # design.md 6.4: another id and a name at an index is another call.
             if call is not None and call.item is None:
                 raise UpstreamProtocolError(_NAMELESS_CALL)
             call = self._calls[index] = _ToolCall()
         elif call.item is not None and call.item is not self._current:
             raise UpstreamProtocolError(f"tool call {index} continued after another item began")
         call.call_id = call.call_id or delta.id
-        function = delta.function
         if function is not None:
             if call.name is None and function.name:
                 call.name = function.name

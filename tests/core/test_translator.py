@@ -256,6 +256,14 @@ def test_another_id_at_the_same_index_is_another_call(index: bool) -> None:
     assert [(c["call_id"], c["name"], c["arguments"]) for c in stream.of_type("function_call")] == [("c1", "f", '{"x":1}'), ("c2", "g", '{"y":2}')]
 
 
+def test_fragments_that_each_bring_a_fresh_id_stay_one_call() -> None:
+    """design.md 6.4: Poolside gives every fragment of a call its own id, the name on the first."""
+    body = calls_at_index_zero(Step("tool", "", tool_id="c1", tool_name="f"), Step("tool", '{"x":', tool_id="c2"), Step("tool", "1}", tool_id="c3"))
+    stream = check_stream(translate(plan(), [body])[1])
+    assert stream.terminal == "response.completed"
+    assert [(c["call_id"], c["name"], c["arguments"]) for c in stream.of_type("function_call")] == [("c1", "f", '{"x":1}')]
+
+
 def test_a_call_left_without_a_name_by_the_next_id_fails() -> None:
     body = calls_at_index_zero(Step("tool", '{"x":1}', tool_id="c1"), Step("tool", "{}", tool_id="c2", tool_name="g"))
     stream = check_stream(translate(plan(), [body])[1])
