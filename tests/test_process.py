@@ -199,21 +199,29 @@ async def test_sigterm_ends_a_stream_that_outlives_the_grace(upstream, spawn, gr
 @pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
 async def test_sigterm_ends_a_request_still_waiting_for_upstream_headers(upstream, spawn, stream: bool) -> None:
     """A long queue or prefill before the upstream's headers: at the grace, a 503 in the
-    envelope (its stream had not begun), not a cut connection, and an exit within a second more."""
+    envelope (its stream had not begun), not a cut connection, and an exit within a second more.
+    A request that waited for a place in the pool meanwhile is not sent once it gets one."""
     grace = 0.5
-    upstream.script(Reply(SLOW, headers_delay=60))
-    proxy = await spawn(routes(upstream, shutdown_grace=grace))
+    upstream.choose = lambda _: Reply(SLOW, headers_delay=60)
+    config = routes(upstream, shutdown_grace=grace)
+    config["upstreams"][0] |= {"max_connections": 1, "timeouts": {"connect": 30}}
+    proxy = await spawn(config)
     async with fresh() as http:
-        answer = asyncio.create_task(http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "stream": stream}))
+        body = {"model": "m", "input": "hi", "stream": stream}
+        first = asyncio.create_task(http.post(f"{proxy.url}/v1/responses", json=body))
         await eventually(lambda: len(upstream.requests) == 1)
+        second = asyncio.create_task(http.post(f"{proxy.url}/v1/responses", json=body))  # waits for the pool
+        await asyncio.sleep(0.2)
         signalled = asyncio.get_running_loop().time()
         proxy.proc.send_signal(signal.SIGTERM)
-        async with await answer as response:
-            assert response.status == 503
-            envelope(await response.json(), "server_shutting_down")
+        for answer in (first, second):
+            async with await answer as response:
+                assert response.status == 503
+                envelope(await response.json(), "server_shutting_down")
         assert await asyncio.wait_for(proxy.proc.wait(), grace + 5) == 0
         assert asyncio.get_running_loop().time() - signalled < grace + 1.5
     await asyncio.wait_for(upstream.disconnected.wait(), 5)  # the upstream request was closed
+    assert len(upstream.requests) == 1
 
 
 def children(pid: int) -> list[int]:

@@ -228,6 +228,7 @@ class UpstreamClient:
         # Requests still waiting for their answer's headers, and why those that are ended were.
         self._sending: set[asyncio.Task[Any]] = set()
         self._ended: dict[asyncio.Task[Any], ProxyError] = {}
+        self._ending: ProxyError | None = None  # set once every request is to end: none is sent
         # The pool's bound, ours rather than the connector's, so that a full pool says so
         # instead of passing for an upstream that does not answer (design.md 4.12).
         self._slots = asyncio.Semaphore(config.max_connections)
@@ -269,6 +270,7 @@ class UpstreamClient:
         """End every request in flight with `error` (SIGTERM past its grace, design.md 5.10):
         those reading an answer, and those still waiting for its headers (a long queue or
         prefill), whose wait is cancelled."""
+        self._ending = error
         for exchange in self._exchanges:
             exchange.end(error)
         for task in self._sending:
@@ -326,7 +328,10 @@ class UpstreamClient:
                 self._idle.set()
 
     async def _answered(self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None) -> tuple[aiohttp.ClientResponse, Replica]:
-        """`_send`, unless `end_exchanges` ends the wait first: then with its error."""
+        """`_send`, unless `end_exchanges` ends the wait first: then with its error; after it
+        (a request that waited for a place in the pool meanwhile), nothing is sent."""
+        if self._ending is not None:
+            raise self._ending
         task = asyncio.current_task()
         assert task is not None
         self._sending.add(task)
