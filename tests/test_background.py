@@ -305,6 +305,29 @@ async def test_a_follower_past_the_end_gets_done_at_once(upstream: FakeUpstream,
         assert parse_sse(await replay(http, one, id, after=last - 1)) == whole[-1:]
 
 
+async def test_a_resumed_stream_reads_what_was_kept_once(
+    upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its first read starts at the event the client saw, to learn whether the response ended
+    there, and hands on the rest: one read of the store for a response that has ended."""
+    one, other = replicas
+    upstream.script(Reply(slow_text(5)))
+    _, _, raw = await post(http, one, {**BODY, "background": True})
+    id = orjson.loads(raw)["id"]
+    await until_done(http, one, id)
+    whole = parse_sse(await replay(http, other, id))
+    reads = []
+    events = ResponseStore.events
+
+    async def counted(store: ResponseStore, *args: Any) -> list[tuple[int, bytes]]:
+        reads.append(args)
+        return await events(store, *args)
+
+    monkeypatch.setattr(ResponseStore, "events", counted)
+    assert parse_sse(await replay(http, other, id, after=3)) == whole[4:]
+    assert len(reads) == 1, reads
+
+
 async def test_delete_stops_a_running_response_for_good(upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
     """design.md 9.3: a running response is cancelled before it is forgotten; else its run would
     keep it again, and its generation would go on."""

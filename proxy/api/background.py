@@ -46,11 +46,13 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
     wait = runtime.config.keepalive or 15.0
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
-    if await _ended_by(request, id, after):
+    events = await _resumed(request, id, after)
+    if events is None:
         await response.write_eof(b"data: [DONE]\n\n")
         return response
     while True:
-        events = await store.events(id, after, wait)
+        if not events:
+            events = await store.events(id, after, wait)
         if not events:
             await response.write(KEEPALIVE)
             await runs.end_if_lost(id, request[OWNER])  # its holder may have died meanwhile
@@ -61,19 +63,23 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
             await response.write_eof(data + b"data: [DONE]\n\n")  # in one write (design.md 4.10)
             return response
         await response.write(data)
+        events = []
 
 
-async def _ended_by(request: web.Request, id: str, after: int) -> bool:
-    """Whether the response ended at event `after` or before it: a client that saw its terminal
-    event follows on to nothing but `[DONE]` (design.md 10.2)."""
+async def _resumed(request: web.Request, id: str, after: int) -> list[tuple[int, bytes]] | None:
+    """The events past `after` kept so far, read from `after` itself in the same read: None
+    when the response ended there or before, so that a client that saw its terminal event
+    follows on to nothing but `[DONE]` (design.md 10.2)."""
     if after < 0:
-        return False
+        return []
     store = request.app[RUNTIME].store
     assert store is not None
-    at_after = await store.events(id, after - 1, 0)
-    if at_after:
-        return at_after[0][0] == after and is_terminal(at_after[0][1])
-    return (await _reread(request, id))["status"] not in RUNNING  # past its last event
+    events = await store.events(id, after - 1, 0)
+    if not events:  # past its last event: nothing more comes unless it still runs
+        return None if (await _reread(request, id))["status"] not in RUNNING else []
+    if events[0][0] == after:
+        return None if is_terminal(events[0][1]) else events[1:]
+    return events
 
 
 async def ended(request: web.Request, response: dict[str, Any]) -> dict[str, Any] | None:
