@@ -305,6 +305,57 @@ async def test_a_follower_past_the_end_gets_done_at_once(upstream: FakeUpstream,
         assert parse_sse(await replay(http, one, id, after=last - 1)) == whole[-1:]
 
 
+async def test_a_starting_after_that_is_no_sequence_number_is_refused_before_the_stream(
+    upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession
+) -> None:
+    """design.md 10.2: a 400 naming the field, not a stream cut by a store that cannot read
+    the number."""
+    one, _ = replicas
+    upstream.script(Reply(slow_text(3)))
+    _, _, raw = await post(http, one, {**BODY, "background": True})
+    id = orjson.loads(raw)["id"]
+    for after in (-5, 2**70, "x"):
+        async with http.get(f"{one}/v1/responses/{id}?stream=true&starting_after={after}") as response:
+            assert response.status == 400 and envelope(await response.json())["param"] == "starting_after", after
+
+
+async def test_a_follower_past_the_end_of_a_running_response_ends_with_it(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
+    """design.md 10.2: it waits for events above its number; the response ends below it, and
+    the stream ends with `[DONE]` within a keep-alive interval."""
+    url = await start_proxy(replica_config(upstream, store, keepalive=0.2))
+    upstream.script(Reply(slow_text(5), delay=0.1))
+    _, _, raw = await post(http, url, {**BODY, "background": True})
+    id = orjson.loads(raw)["id"]
+    async with asyncio.timeout(5), http.get(f"{url}/v1/responses/{id}?stream=true&starting_after=1000") as response:
+        assert response.status == 200
+        body = await response.read()
+    assert (await get(http, url, id))["status"] == "completed"
+    assert body.replace(b": keepalive\n\n", b"") == b"data: [DONE]\n\n"
+
+
+async def test_a_store_that_fails_under_a_follower_cuts_its_stream(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path: Any) -> None:
+    """design.md 5.9: once the stream has begun, a store error cuts the connection (the client
+    resumes from the last event it saw), never a 503 written into the stream's body."""
+    server = RedisServer(tmp_path)
+    server.start()
+    try:
+        url = await start_proxy(replica_config(upstream, {"url": server.url, "timeout": 0.3}, keepalive=0.2, background={"lease": 3.0}))
+        upstream.script(Reply(slow_text(), stall_after=3))
+        _, _, raw = await post(http, url, {**BODY, "background": True})
+        id = orjson.loads(raw)["id"]
+        async with asyncio.timeout(10), http.get(f"{url}/v1/responses/{id}?stream=true") as response:
+            assert response.status == 200
+            data = await response.content.readuntil(b"\n\n")
+            server.stop()
+            with pytest.raises(aiohttp.ClientPayloadError):
+                while piece := await response.content.readany():
+                    data += piece
+        assert b"HTTP/1.1" not in data and b"store_unavailable" not in data
+        assert data.startswith(b"event: response.created\n")
+    finally:
+        server.stop()
+
+
 async def test_a_resumed_stream_reads_what_was_kept_once(
     upstream: FakeUpstream, replicas: tuple[str, str], http: aiohttp.ClientSession, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,7 +14,7 @@ from ..background import BackgroundRuns, Post, Record, is_terminal
 from ..errors import InvalidRequest
 from ..responses.history import RUNNING
 from ..responses.translate import ResponseTranslator
-from .common import KEEPALIVE, SSE_HEADERS, json_response, stored_record
+from .common import KEEPALIVE, SSE_HEADERS, cut_short_on_failure, json_response, stored_record
 
 
 def running(response: dict[str, Any]) -> bool:
@@ -44,26 +44,31 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
     runs, store = runs_of(request), runtime.store
     assert store is not None
     wait = runtime.config.keepalive or 15.0
+    events = await _resumed(request, id, after)  # before the stream begins: its errors are answers
     response = web.StreamResponse(headers=SSE_HEADERS)
     await response.prepare(request)
-    events = await _resumed(request, id, after)
-    if events is None:
-        await response.write_eof(b"data: [DONE]\n\n")
-        return response
-    while True:
-        if not events:
-            events = await store.events(id, after, wait)
-        if not events:
-            await response.write(KEEPALIVE)
-            await runs.end_if_lost(id, request[OWNER])  # its holder may have died meanwhile
-            continue
-        after = events[-1][0]
-        data = b"".join(event + b"\n\n" for _, event in events)
-        if is_terminal(events[-1][1]):
-            await response.write_eof(data + b"data: [DONE]\n\n")  # in one write (design.md 4.10)
+    with cut_short_on_failure(request):
+        if events is None:
+            await response.write_eof(b"data: [DONE]\n\n")
             return response
-        await response.write(data)
-        events = []
+        while True:
+            if not events:
+                events = await store.events(id, after, wait)
+            if not events:
+                await response.write(KEEPALIVE)
+                await runs.end_if_lost(id, request[OWNER])  # its holder may have died meanwhile
+                if await _ended_by(request, id, after):
+                    await response.write_eof(b"data: [DONE]\n\n")
+                    return response
+                continue
+            after = events[-1][0]
+            data = b"".join(event + b"\n\n" for _, event in events)
+            if is_terminal(events[-1][1]):
+                await response.write_eof(data + b"data: [DONE]\n\n")  # in one write (design.md 4.10)
+                return response
+            await response.write(data)
+            events = []
+    return response
 
 
 async def _resumed(request: web.Request, id: str, after: int) -> list[tuple[int, bytes]] | None:
@@ -80,6 +85,18 @@ async def _resumed(request: web.Request, id: str, after: int) -> list[tuple[int,
     if events[0][0] == after:
         return None if is_terminal(events[0][1]) else events[1:]
     return events
+
+
+async def _ended_by(request: web.Request, id: str, after: int) -> bool:
+    """Whether the response ended at or before event `after`: one followed from past its end
+    while it ran may end below that number (design.md 10.2). Its status says so first; its
+    terminal event, kept just after, is the proof."""
+    if (await _reread(request, id))["status"] in RUNNING:
+        return False
+    store = request.app[RUNTIME].store
+    assert store is not None
+    made = await store.events(id, -1, 0)
+    return bool(made) and made[-1][0] <= after and is_terminal(made[-1][1])
 
 
 async def ended(request: web.Request, response: dict[str, Any]) -> dict[str, Any] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import zlib
 from collections.abc import Iterator
 from typing import Any
@@ -13,10 +14,11 @@ from aiohttp import hdrs, web
 
 from ..appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
 from ..config import Target, served_models
-from ..errors import InvalidRequest, NotFound, PayloadTooLarge, RequestTimeout, ServerShuttingDown, UnsupportedMediaType
+from ..errors import InvalidRequest, NotFound, PayloadTooLarge, ProxyError, RequestTimeout, ServerShuttingDown, UnsupportedMediaType
 from ..store import ResponseStore, StoredResponse
 from ..upstream.client import UpstreamClient
 
+log = logging.getLogger("proxy")
 SSE_HEADERS = {"Content-Type": "text/event-stream", "Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 KEEPALIVE = b": keepalive\n\n"  # an SSE comment: clients skip it, idle timers see bytes
 _JSON_TYPES = {"application/json", "application/octet-stream"}  # the latter: no Content-Type sent
@@ -169,6 +171,20 @@ async def stored_record(request: web.Request, id: str) -> StoredResponse:
 
 def json_response(data: Any) -> web.Response:
     return web.Response(body=orjson.dumps(data), content_type="application/json")
+
+
+@contextlib.contextmanager
+def cut_short_on_failure(request: web.Request) -> Iterator[None]:
+    """Around a stream whose headers are sent: a failure can only cut it short, the client
+    seeing it end without its last chunk (design.md 5.9); a client that left needs nothing."""
+    try:
+        yield
+    except ProxyError as error:
+        log.warning("%s %s: the stream is cut short: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
+        if request.transport is not None:
+            request.transport.close()
+    except ConnectionResetError:
+        pass  # leaving the block closes what the stream read from
 
 
 class EventStream(web.StreamResponse):

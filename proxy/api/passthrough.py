@@ -5,8 +5,8 @@ from __future__ import annotations
 from aiohttp import hdrs, web
 
 from ..appkeys import RUNTIME
-from ..errors import InvalidRequest, ProxyError
-from .common import ClientWatch, find_target, load_json, read_body, upstream_headers
+from ..errors import InvalidRequest
+from .common import ClientWatch, cut_short_on_failure, find_target, load_json, read_body, upstream_headers
 
 
 async def forward(request: web.Request) -> web.StreamResponse:
@@ -28,15 +28,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
         # added to bytes relayed as they came, keep-alives included.
         watch = ClientWatch(request, response, None, exchange.timeouts.client_idle, exchange.deadline)
         try:
-            while data := await exchange.read_chunk():
-                await watch.write(data)
-            await watch.write(b"", last=True)
-        except ProxyError:
-            # Headers are gone: the only honest signal left is a connection cut short.
-            if request.transport is not None:
-                request.transport.close()
-        except ConnectionResetError:
-            pass  # the client left, or was let go; leaving the block closes the upstream request
+            with cut_short_on_failure(request):
+                while data := await exchange.read_chunk():
+                    await watch.write(data)
+                await watch.write(b"", last=True)
         finally:
             watch.stop()
     return response

@@ -94,7 +94,9 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     try:
         after = int(request.query.get("starting_after", "-1"))
     except ValueError:
-        raise InvalidRequest("'starting_after' must be an event's sequence number.", param="starting_after") from None
+        after = -2
+    if not -1 <= after < 2**63:  # the stores keep sequence numbers in 64 bits
+        raise InvalidRequest("'starting_after' must be an event's sequence number (or -1, for all).", param="starting_after")
     return await background.follow(request, id, after)
 
 
