@@ -66,6 +66,9 @@ class Upstream(_Section, frozen=True):
     max_answer_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024 * 1024
     max_event_bytes: Annotated[int, msgspec.Meta(ge=1024)] = DEFAULT_MAX_EVENT
     max_top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=SPEC_MAX_TOP_LOGPROBS)] = SPEC_MAX_TOP_LOGPROBS
+    # The fewest alternatives asked of the upstream: llama-server sends no scores at all when
+    # asked for none, so it needs 1 (the proxy drops what the client did not ask for, design.md 3.1).
+    min_top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=SPEC_MAX_TOP_LOGPROBS)] = 0
     logprobs: bool = True
     # SGLang reads and writes `reasoning_content`, vLLM `reasoning`; `none` drops replayed reasoning.
     reasoning_field: Literal["reasoning_content", "reasoning", "none"] = "reasoning_content"

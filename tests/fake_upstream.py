@@ -386,6 +386,8 @@ class FakeUpstream:
                     raw = orjson.dumps(raw)
                 return web.Response(status=reply.status, body=raw, content_type="application/json", headers=reply.headers)
             wants_logprobs = body.get("logprobs") is True
+            if reply.generation.dialect == "llama.cpp" and body.get("top_logprobs", 20) == 0:
+                wants_logprobs = False  # llama-server's n_probs: with 0 it keeps no scores at all
             if body.get("stream") is True:
                 return await self._stream(request, reply, body, wants_logprobs)
             raw = orjson.dumps(reply.generation.completion(logprobs=wants_logprobs))

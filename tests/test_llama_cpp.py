@@ -9,6 +9,7 @@ import aiohttp
 import orjson
 import pytest
 
+from proxy.config import parse
 from tests.client import LOGPROBS, envelope
 from tests.events import sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
@@ -49,6 +50,28 @@ async def test_llama_cpp_scores_come_out_in_the_responses_shape(upstream: FakeUp
     assert scores[1]["logprob"] == -9999.0 and scores[-1] == {**scores[-1], "token": "", "bytes": []}
     assert response["output"][0]["content"][0]["text"] == "2+2 is 4."
     assert response["usage"]["input_tokens_details"]["cached_tokens"] == 0
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_scores_without_alternatives_from_an_upstream_asked_for_one(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, stream: bool
+) -> None:
+    """design.md 3.1: llama-server asked for no alternatives sends no scores; a route with
+    `min_top_logprobs: 1` asks for one and drops it, so that the client gets what it asked."""
+    url = await start_proxy(parse({"upstreams": [{"name": "llama", "urls": [upstream.url], "min_top_logprobs": 1}]}))
+    gen = llama_turn()
+    upstream.script(Reply(gen))
+    body = {key: value for key, value in BODY.items() if key != "top_logprobs"}
+    if stream:
+        run = await checked_stream(http, url, body)
+        scores, response = run.logprobs, run.response
+    else:
+        status, _, raw = await post(http, url, body)
+        assert status == 200, raw
+        response = orjson.loads(raw)
+        scores = response["output"][-1]["content"][0]["logprobs"]
+    assert upstream.requests[-1]["top_logprobs"] == 1 and response["top_logprobs"] == 0
+    assert scores == [{**s, "top_logprobs": []} for s in sent_scores(gen.chunks())]
 
 
 async def test_ping_comments_and_an_error_frame_mid_stream(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:

@@ -81,6 +81,7 @@ def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
     return TranslationSettings(
         model=target.model,
         max_top_logprobs=upstream.max_top_logprobs,
+        min_top_logprobs=upstream.min_top_logprobs,
         logprobs=upstream.logprobs,
         reasoning_field=None if upstream.reasoning_field == "none" else upstream.reasoning_field,
         defaults=upstream.defaults,

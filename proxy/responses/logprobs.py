@@ -49,12 +49,12 @@ def effective_top_logprobs(requested: int | None, cap: int) -> int:
     return min(requested or 0, cap)
 
 
-def _mapped_scores(content: bytes) -> tuple[bytes, int]:
+def _mapped_scores(content: bytes, alternatives: int | None) -> tuple[bytes, int]:
     try:
         entries = _decode_any(content)
     except msgspec.MsgspecError as exc:
         raise UpstreamProtocolError(f"unreadable upstream logprobs: {exc}") from None
-    return b"[%s]" % b",".join(orjson.dumps(_mapped(entry)) for entry in entries or ()), len(entries or ())
+    return b"[%s]" % b",".join(orjson.dumps(_mapped(entry, alternatives)) for entry in entries or ()), len(entries or ())
 
 
 def exact_scores(content: bytes) -> tuple[bytes, int] | None:
@@ -86,9 +86,12 @@ class ScoreBuffer:
     they are never decoded into objects, and a delta whose scores came in one chunk sends that
     chunk's array as it is (design.md 7.2)."""
 
-    __slots__ = ("_arrays", "_delivered", "count")
+    __slots__ = ("_alternatives", "_arrays", "_delivered", "count")
 
-    def __init__(self) -> None:
+    def __init__(self, alternatives: int | None = None) -> None:
+        """`alternatives`: how many of a score's alternatives to keep, where the upstream was
+        asked for more (design.md 3.1); its scores are then all mapped."""
+        self._alternatives = alternatives
         self._arrays: list[bytes] = []
         self._delivered = 0
         self.count = 0
@@ -102,13 +105,13 @@ class ScoreBuffer:
         entry by entry."""
         if self.add_exact(content):
             return True
-        self._keep(*_mapped_scores(content))
+        self._keep(*_mapped_scores(content, self._alternatives))
         return False
 
     def add_exact(self, content: bytes) -> bool:
         """As `add`, for scores that need no mapping (`exact_scores`); False, and nothing kept,
         for any other bytes: the chunk they came in is then decoded in full (design.md 7.4)."""
-        exact = exact_scores(content)
+        exact = exact_scores(content) if self._alternatives is None else None
         if exact is not None:
             self._keep(*exact)
         return exact is not None
@@ -135,9 +138,9 @@ def _joined(arrays: list[bytes]) -> bytes:
     return b"[%s]" % b",".join([array[1:-1] for array in arrays])  # a Raw array starts and ends with its brackets
 
 
-def _mapped(entry: LogprobEntry) -> dict[str, Any]:
+def _mapped(entry: LogprobEntry, alternatives: int | None) -> dict[str, Any]:
     score = _token_score(entry.token, entry.logprob, entry.bytes)
-    score["top_logprobs"] = [_token_score(t.token, t.logprob, t.bytes) for t in entry.top_logprobs or ()]
+    score["top_logprobs"] = [_token_score(t.token, t.logprob, t.bytes) for t in (entry.top_logprobs or ())[:alternatives]]
     return score
 
 

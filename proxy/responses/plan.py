@@ -53,6 +53,7 @@ class TranslationSettings:
 
     model: str
     max_top_logprobs: int = SPEC_MAX_TOP_LOGPROBS
+    min_top_logprobs: int = 0  # asked of the upstream, whatever the client asked (design.md 3.1)
     logprobs: bool = True
     reasoning_field: str | None = "reasoning_content"
     defaults: dict[str, Any] | None = None
@@ -74,6 +75,8 @@ class Call:
     summary: bool = False  # reasoning also goes out as summary events (design.md 8.5)
     background: bool = False  # runs without its client (design.md 10.1)
     seal: Callable[[str], str] | None = None  # reasoning items carry `encrypted_content`
+    # Alternatives a score keeps, where the upstream was asked for more (design.md 3.1).
+    top_logprobs: int | None = None
     # What the request named that the upstream is not sent: `kind:name` each, for logs and metrics.
     ignored: tuple[str, ...] = ()
 
@@ -115,8 +118,9 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         response_format=_response_format(request.text),
         reasoning_effort=effort,
     )
+    asked = max(top_logprobs, settings.min_top_logprobs)
     if logprobs:
-        chat.update(logprobs=True, top_logprobs=top_logprobs)
+        chat.update(logprobs=True, top_logprobs=asked)
     if streamed_upstream:
         chat["stream_options"] = {"include_usage": True}
     # The route's defaults fill in what the request leaves out.
@@ -128,6 +132,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         echo=_echo(request, chat, tools, top_logprobs, effort, stored),
         tools=table,
         summary=request.reasoning is not None and request.reasoning.summary is not None,
+        top_logprobs=top_logprobs if logprobs and asked > top_logprobs else None,
         background=bool(request.background),
         seal=settings.sealer.seal if settings.sealer and INCLUDE_ENCRYPTED_REASONING in include else None,
         ignored=tuple(ignored),

@@ -32,10 +32,11 @@ SAME_EVERY_TIME = {"cache_prompt": False}
 
 @contextlib.asynccontextmanager
 async def behind_the_proxy(start_proxy: Callable[..., Any], kind: TemplateKind, stop: str, **upstream: Any) -> AsyncIterator[tuple[str, str]]:
-    """llama-server, and the proxy in front of it sending `stop` with every call; (proxy, server)."""
+    """llama-server, and the proxy in front of it sending `stop` with every call, configured as
+    the README says for llama-server; (proxy, server)."""
     ctx = upstream.pop("ctx", 2048)
     async with running(kind, ctx_size=ctx) as server:
-        config = {"name": "llama", "urls": [server], "defaults": {"stop": [stop], **SAME_EVERY_TIME}, **upstream}
+        config = {"name": "llama", "urls": [server], "min_top_logprobs": 1, "defaults": {"stop": [stop], **SAME_EVERY_TIME}, **upstream}
         yield await start_proxy(parse({"upstreams": [config]})), server
 
 
@@ -129,6 +130,11 @@ async def test_json_schema(start_proxy, http: aiohttp.ClientSession) -> None:
         assert text_of(response) == whole["choices"][0]["message"]["content"]
         assert set(orjson.loads(text_of(response))) == {"name", "age"}
         assert scores_of(response) == expected(whole["choices"][0]["logprobs"]["content"])
+        # None asked: llama-server, asked for one (asked for none it keeps no scores), and the
+        # proxy drops it (design.md 3.1).
+        response = await plain(http, proxy, {"input": "Say hi.", "include": ["message.output_text.logprobs"]})
+        assert response["top_logprobs"] == 0
+        assert scores_of(response) == [{**score, "top_logprobs": []} for score in expected(whole["choices"][0]["logprobs"]["content"])]
 
 
 async def test_a_tool_call(start_proxy, http: aiohttp.ClientSession) -> None:
