@@ -24,7 +24,7 @@ import orjson
 
 from .config import Background
 from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
-from .responses.translate import ResponseTranslator, encoded_event
+from .responses.translate import ResponseTranslator, encoded_event, usage_object
 from .store import ResponseStore, Runs, StoredResponse
 from .upstream.client import Exchange
 
@@ -172,7 +172,7 @@ class BackgroundRuns:
             if item.get("status") == "in_progress":
                 item["status"] = "incomplete"
         message = "The worker running this response stopped before it ended."
-        response.update(status="failed", error={"code": "server_error", "message": message})
+        response.update(status="failed", error={"code": "server_error", "message": message}, usage=response["usage"] or usage_object(None))
         ending = [
             {"type": "error", "code": "server_error", "message": message, "param": None, "sequence_number": last + 1},
             {"type": "response.failed", "response": response, "sequence_number": last + 2},

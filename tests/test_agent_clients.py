@@ -58,6 +58,27 @@ async def test_a_codex_turn_is_served(upstream: FakeUpstream, proxy: str, http: 
     assert [tool["function"]["name"] for tool in sent["tools"]] == ["exec_command", "multi_agent_v1__spawn_agent", "multi_agent_v1__wait_agent"]
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_an_upstream_that_reports_no_usage_still_gives_a_usage_object(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, stream: bool
+) -> None:
+    """design.md 5.1: the AI SDK reads `usage` unconditionally (its schema refuses null), so a
+    server that ignores `include_usage` gets zeros, not null."""
+    gen = agent_turn()
+    if stream:
+        frames = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in gen.chunks(usage=False)]
+        upstream.script(Reply(frames=[*frames, b"data: [DONE]\n\n"]))
+        _, events = await streamed(http, proxy, BODY)
+        response = events[-1]["response"]
+    else:
+        upstream.script(Reply(body={key: value for key, value in gen.completion().items() if key != "usage"}))
+        status, _, raw = await post(http, proxy, BODY)
+        assert status == 200, raw
+        response = orjson.loads(raw)
+    zeros = {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}
+    assert response["status"] == "completed" and response["usage"] == zeros
+
+
 async def test_left_out_things_are_counted_and_logged_once(
     upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -410,6 +410,7 @@ async def test_a_killed_replica_s_background_response_is_failed_by_another(upstr
         assert [e["sequence_number"] for e in events] == list(range(len(events)))
         failed = events[-1]["response"]
         assert failed["status"] == "failed" and failed["error"]["code"] == "server_error"
+        assert failed["usage"]["total_tokens"] == 0  # unknown, but an object (design.md 5.1)
         assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"] == "".join(WORDS[:3])
         async with http.get(f"{other.url}/v1/responses/{id}") as response:
             assert (await response.json())["status"] == "failed"

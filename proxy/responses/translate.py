@@ -427,7 +427,7 @@ class ResponseTranslator:
     def _terminate(self, event: str, status: str, **fields: Any) -> None:
         response = self._snapshot(status)
         response.update(fields)
-        response["usage"] = self._usage_object()
+        response["usage"] = usage_object(self._usage)
         self.response = response
         self._emit(event, response=response)
         if self._streaming:
@@ -459,21 +459,6 @@ class ResponseTranslator:
                 return {**item, "content": [{"type": "reasoning_text", "text": text}]}
             return {**item, "input" if item["type"] == "custom_tool_call" else "arguments": text}
         return item
-
-    def _usage_object(self) -> dict[str, Any] | None:
-        usage = self._usage
-        if usage is None:
-            return None
-        cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
-        details = usage.completion_tokens_details
-        reasoning = details.reasoning_tokens if details and details.reasoning_tokens is not None else usage.reasoning_tokens
-        return {
-            "input_tokens": usage.prompt_tokens,
-            "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
-            "output_tokens": usage.completion_tokens,
-            "output_tokens_details": {"reasoning_tokens": reasoning or 0},
-            "total_tokens": usage.prompt_tokens + usage.completion_tokens,
-        }
 
     @staticmethod
     def _text_part(text: str, logprobs: orjson.Fragment | list[Any]) -> dict[str, Any]:
@@ -518,3 +503,18 @@ class ResponseTranslator:
 def encoded_event(fields: dict[str, Any]) -> bytes:
     """An event as SSE, but for the blank line that ends it (design.md 4.1)."""
     return b"event: " + str(fields["type"]).encode() + b"\ndata: " + orjson.dumps(fields)
+
+
+def usage_object(usage: Usage | None) -> dict[str, Any]:
+    """A Response's `usage`: all zeros where the upstream reported none (design.md 5.1)."""
+    usage = usage or Usage()
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
+    details = usage.completion_tokens_details
+    reasoning = details.reasoning_tokens if details and details.reasoning_tokens is not None else usage.reasoning_tokens
+    return {
+        "input_tokens": usage.prompt_tokens,
+        "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
+        "output_tokens": usage.completion_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning or 0},
+        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+    }
