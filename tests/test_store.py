@@ -130,7 +130,7 @@ async def test_store_false_keeps_nothing(upstream: FakeUpstream, stored_proxy: s
     assert answered["store"] is False
     assert (await get(http, stored_proxy, answered["id"]))[0] == 404
     status, _, raw = await post(http, stored_proxy, {"model": "m", "input": "more", "previous_response_id": answered["id"]})
-    assert status == 400 and envelope(orjson.loads(raw))["param"] == "previous_response_id"
+    assert status == 400 and envelope(orjson.loads(raw), "previous_response_not_found")["param"] == "previous_response_id"
 
 
 async def test_item_references_resolve_stored_items(upstream: FakeUpstream, stored_proxy: str, http: aiohttp.ClientSession) -> None:
@@ -169,7 +169,7 @@ async def test_a_chain_with_a_link_no_longer_stored_is_a_400(upstream: FakeUpstr
     async with http.delete(f"{stored_proxy}/v1/responses/{first['id']}") as response:
         assert response.status == 200
     status, _, raw = await post(http, stored_proxy, {"model": "m", "input": "three", "previous_response_id": second["id"]})
-    error = envelope(orjson.loads(raw))
+    error = envelope(orjson.loads(raw), "previous_response_not_found")
     assert status == 400 and error["param"] == "previous_response_id" and first["id"] in error["message"]
 
 

@@ -20,6 +20,9 @@ from ..store import StoredResponse
 from . import background
 from .common import json_response, store_of, stored_record
 
+# OpenAI's code for a previous response it does not know (design.md 9.4).
+_NOT_FOUND = "previous_response_not_found"
+
 
 @dataclass(frozen=True, slots=True)
 class History:
@@ -46,12 +49,12 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
     if previous_id is not None:
         previous = await store.get(previous_id, owner)
         if previous is None:
-            raise InvalidRequest(f"No stored response with id '{previous_id}'.", param="previous_response_id")
+            raise InvalidRequest(f"Previous response with id '{previous_id}' not found.", param="previous_response_id", code=_NOT_FOUND)
         ancestors = [*previous.ancestors, previous.id]
         found = await store.get_many(previous.ancestors, owner) if previous.ancestors else {}
         missing = [id for id in previous.ancestors if id not in found]
         if missing:
-            raise InvalidRequest(f"The response '{missing[-1]}' of this chain is no longer stored.", param="previous_response_id")
+            raise InvalidRequest(f"The response '{missing[-1]}' of this chain is no longer stored.", param="previous_response_id", code=_NOT_FOUND)
         records = [*(found[id] for id in previous.ancestors), previous]
     referenced = {id: orjson.loads(item) for id, item in (await store.items(wanted, owner) if wanted else {}).items()}
     chain = history.chain_items([(bytes(record.input_items), bytes(record.response)) for record in records])
