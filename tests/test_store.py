@@ -138,7 +138,8 @@ async def test_item_references_resolve_stored_items(upstream: FakeUpstream, stor
     upstream.script(Reply(tool_call_turn()), Reply(text_turn("Sunny.")))
     first = await create(http, stored_proxy, {"model": "m", "input": [{"role": "user", "content": "Weather?", "id": "msg_mine"}], "tools": [WEATHER]}, stream=True)
     reasoning, call = first["output"][:2]
-    refs = [{"type": "item_reference", "id": id} for id in ("msg_mine", reasoning["id"], call["id"])]
+    # The SDK's ItemReference may leave its type out or null (design.md 9.4).
+    refs = [{"type": "item_reference", "id": "msg_mine"}, {"id": reasoning["id"]}, {"type": None, "id": call["id"]}]
     body = {"model": "m", "input": [*refs, {"type": "function_call_output", "call_id": "call_1", "output": "21C"}], "tools": [WEATHER]}
     await create(http, stored_proxy, body, stream=True)
     assert [m["role"] for m in upstream.requests[1]["messages"]] == ["user", "assistant", "tool"]

@@ -299,12 +299,18 @@ def parse_items(items: list[Any]) -> list[InputItem]:
 
 
 def _prepared(items: list[Any]) -> list[Any]:
-    """Items as msgspec reads them: an EasyInputMessage (a `{role, content}` item may leave out
-    its type) typed, an item with no chat form replaced by its stand-in."""
-    return [
-        _stand_in({**item, "type": "message"} if isinstance(item, dict) and "type" not in item and "role" in item else item, NO_CHAT_FORM.__contains__)
-        for item in items
-    ]
+    """Items as msgspec reads them: the two kinds that may leave out their type typed (an
+    EasyInputMessage `{role, content}`, an item reference `{id}`), an item with no chat form
+    replaced by its stand-in."""
+    return [_stand_in(_typed(item), NO_CHAT_FORM.__contains__) for item in items]
+
+
+def _typed(item: Any) -> Any:
+    if not isinstance(item, dict) or item.get("type") is not None:
+        return item
+    if "role" in item:
+        return {**item, "type": "message"}
+    return {**item, "type": "item_reference"} if "id" in item else item
 
 
 def _stand_in(entry: Any, dropped: Callable[[str], bool]) -> Any:
