@@ -408,12 +408,20 @@ class ResponseTranslator:
         if any(call.name is None for call in self._calls.values()):
             self._fail(UpstreamProtocolError(_NAMELESS_CALL))
             return
+        if reason == "tool_calls" and self._at_token_limit():
+            reason = "length"
         incomplete = _INCOMPLETE_REASONS.get(reason)
         self._close_all(self._generating if incomplete else None, "completed")
         if incomplete:
             self._terminate("response.incomplete", "incomplete", incomplete_details={"reason": incomplete})
         else:
             self._terminate("response.completed", "completed", completed_at=int(self._clock()))
+
+    def _at_token_limit(self) -> bool:
+        """Whether the generation used every token it was allowed: vLLM reports a tool call
+        cut there as finished `tool_calls` (design.md 4.8)."""
+        limit = self._call.chat.get("max_completion_tokens")
+        return limit is not None and self._usage is not None and self._usage.completion_tokens >= limit
 
     def _fail(self, error: ProxyError) -> None:
         if self.done:
