@@ -164,6 +164,8 @@ FINISH = 6  # the index of the finish chunk in CHUNKS
         pytest.param(dict(stall_after=3), "response.failed", "upstream_timeout", 3, FAST, id="silence-mid-stream"),
         pytest.param(dict(stall_after=FINISH + 1), "response.completed", None, FINISH + 1, FAST, id="silence-after-finish"),
         pytest.param(dict(done=False), "response.completed", None, len(CHUNKS), None, id="no-done"),
+        pytest.param(dict(frames=[*(b"data: %s\n\n" % orjson.dumps(c) for c in CHUNKS[: FINISH + 1]), b'data: {"choices":[],"us']),
+                     "response.completed", None, FINISH + 1, None, id="clean-end-in-the-usage-frame"),
     ],
 )
 async def test_stream_broken_off(upstream, launch, http, baseline, reply: dict, terminal: str, code: str | None, read: int, timeouts) -> None:

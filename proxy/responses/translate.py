@@ -15,6 +15,7 @@ item (design.md 7.3).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -142,9 +143,17 @@ class ResponseTranslator:
         return self._flush()
 
     def finish(self) -> bytes:
-        """The upstream body ended (with or without `[DONE]`)."""
+        """The upstream body ended (with or without `[DONE]`): an event cut short of its blank
+        line is read too. After the finish reason, one that cannot be read is the usage chunk
+        cut short, lost as a break loses it (design.md 4.9)."""
         if not self.done:
-            self._read(self._sse.close())
+            last = self._sse.close()
+            if self._finish_reason is None:
+                self._read(last)
+            else:
+                with contextlib.suppress(UpstreamProtocolError):
+                    for payload in last:
+                        self._payload(payload)
             self._end()
         return self._flush()
 
