@@ -148,6 +148,18 @@ async def test_item_references_resolve_stored_items(upstream: FakeUpstream, stor
     assert status == 400 and envelope(orjson.loads(raw))["param"] == "input[1].id"
 
 
+async def test_a_referenced_item_outlives_the_response_that_referred_to_it(upstream: FakeUpstream, stored_proxy: str, http: aiohttp.ClientSession) -> None:
+    """design.md 9.4: B refers to A's item; deleting B leaves it A's, to refer to again."""
+    upstream.script(Reply(text_turn("Hi")))
+    a = await create(http, stored_proxy, {"model": "m", "input": "one"}, stream=False)
+    reference = {"model": "m", "input": [{"type": "item_reference", "id": a["output"][0]["id"]}]}
+    b = await create(http, stored_proxy, reference, stream=False)
+    async with http.delete(f"{stored_proxy}/v1/responses/{b['id']}") as response:
+        assert response.status == 200
+    status, _, raw = await post(http, stored_proxy, reference)
+    assert status == 200, raw
+
+
 async def test_delete_forgets_the_response(upstream: FakeUpstream, stored_proxy: str, http: aiohttp.ClientSession) -> None:
     upstream.script(Reply(text_turn("Hi")))
     answered = await create(http, stored_proxy, {"model": "m", "input": "hi"}, stream=False)

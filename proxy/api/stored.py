@@ -75,6 +75,7 @@ def recorder(request: web.Request, data: dict[str, Any], past: History) -> Recor
             response=msgspec.Raw(orjson.dumps(response)),
             input_items=input_items,
             ancestors=past.ancestors,
+            referenced=list(past.referenced),
         )
 
     return record

@@ -36,6 +36,9 @@ class StoredResponse(msgspec.Struct, gc=False):
     response: msgspec.Raw
     input_items: msgspec.Raw
     ancestors: list[str] = []
+    # Input items that were `item_reference`s: they stay the items of the responses that made
+    # them, so that this one's end (deleted, expired) leaves them referable (design.md 9.4).
+    referenced: list[str] = []
 
 
 encode_record = msgspec.json.Encoder().encode
@@ -61,7 +64,7 @@ def record_items(record: StoredResponse) -> list[tuple[str, bytes]]:
     found = []
     for item in (*_raw_items(record.input_items), *_output(record.response).output):
         id = _item_id(item).id
-        if id:
+        if id and id not in record.referenced:
             found.append((id, bytes(item)))
     return found
 
