@@ -15,7 +15,7 @@ import pytest
 
 from proxy.config import parse
 from tests.agents import codex_turn, web_search
-from tests.client import CONTEXT_LENGTH_EXCEEDED, LOGPROBS, envelope, parse_sse, read_events
+from tests.client import CONTEXT_LENGTH_EXCEEDED, LOGPROBS, envelope, parse_sse, read_events, validate_event, validate_response
 from tests.events import check_stream, sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score, sglang_error, vllm_error
 from tests.harness import BODY, post, sample, scrape
@@ -77,6 +77,36 @@ async def test_an_upstream_that_reports_no_usage_still_gives_a_usage_object(
         response = orjson.loads(raw)
     zeros = {"input_tokens": 0, "input_tokens_details": {"cached_tokens": 0, "cache_write_tokens": 0}, "output_tokens": 0, "output_tokens_details": {"reasoning_tokens": 0}, "total_tokens": 0}
     assert response["status"] == "completed" and response["usage"] == zeros
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_refusal_is_a_message_with_a_refusal_part(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, stream: bool) -> None:
+    """design.md 4.5: a chat `refusal` (what a server in front of OpenAI's models sends) is
+    neither dropped nor made text."""
+    head = {"id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    words = ["I can't", " help with that."]
+    if stream:
+        chunks = [
+            {**head, "choices": [{"index": 0, "delta": {"role": "assistant", "content": None, "refusal": None}, "finish_reason": None}]},
+            *({**head, "choices": [{"index": 0, "delta": {"refusal": word}, "finish_reason": None}]} for word in words),
+            {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+        ]
+        upstream.script(Reply(frames=[*(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks), b"data: [DONE]\n\n"]))
+        _, events = await streamed(http, proxy, {"model": "m", "input": "hi"})
+        for event in events:
+            validate_event(event)
+        assert [e["delta"] for e in events if e["type"] == "response.refusal.delta"] == words
+        assert [e["refusal"] for e in events if e["type"] == "response.refusal.done"] == ["".join(words)]
+        response = events[-1]["response"]
+    else:
+        message = {"role": "assistant", "content": None, "refusal": "".join(words)}
+        upstream.script(Reply(body={**head, "object": "chat.completion", "choices": [{"index": 0, "message": message, "finish_reason": "stop"}]}))
+        status, _, raw = await post(http, proxy, {"model": "m", "input": "hi"})
+        assert status == 200, raw
+        response = orjson.loads(raw)
+    validate_response(response)
+    assert response["status"] == "completed"
+    assert [(item["type"], item["content"]) for item in response["output"]] == [("message", [{"type": "refusal", "refusal": "".join(words)}])]
 
 
 async def test_left_out_things_are_counted_and_logged_once(

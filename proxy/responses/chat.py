@@ -57,6 +57,7 @@ class Delta(msgspec.Struct, gc=False):
     content: str | None = None
     reasoning_content: str | None = None
     reasoning: str | None = None
+    refusal: str | None = None
     tool_calls: list[ToolCallDelta] | None = None
 
 

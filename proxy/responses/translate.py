@@ -94,7 +94,7 @@ class ResponseTranslator:
         self._events: list[bytes] = []
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
-        self._current: _OpenItem | None = None  # the open reasoning or function_call item
+        self._current: _OpenItem | None = None  # the open reasoning, tool call or refusal item
         self._message: _OpenItem | None = None
         # What the last generated token went to: an item, or a tool call still waiting for its id.
         self._generating: _OpenItem | _ToolCall | None = None
@@ -252,6 +252,8 @@ class ResponseTranslator:
             self._reasoning(reasoning)
         if delta.content:
             self._text(delta.content)
+        if delta.refusal:
+            self._refusal(delta.refusal)
         for position, tool_call in enumerate(delta.tool_calls or ()):
             self._tool_call(position, tool_call)
 
@@ -279,6 +281,17 @@ class ResponseTranslator:
         message.parts.append(text)
         self._generating = message
         self._emit_delta(message, "response.output_text.delta", "content_index", orjson.dumps(text), b',"logprobs":' + self._scores.take())
+
+    def _refusal(self, text: str) -> None:
+        """A refusal is a message of its own, its one part a `refusal` (design.md 4.5)."""
+        item = self._current
+        if item is None or item.item["type"] != "message":
+            self._close_current()
+            item = self._current = self._open({"id": self._new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []})
+            self._emit_part("response.content_part.added", item, {"type": "refusal", "refusal": ""})
+        item.parts.append(text)
+        self._generating = item
+        self._emit_delta(item, "response.refusal.delta", "content_index", orjson.dumps(text))
 
     def _tool_call(self, position: int, delta: ToolCallDelta) -> None:
         index = position if delta.index is None else delta.index
@@ -346,6 +359,11 @@ class ResponseTranslator:
         kind = item.item["type"]
         if kind == "reasoning":
             self._close_reasoning(item, text)
+        elif kind == "message":  # a refusal
+            part = {"type": "refusal", "refusal": text}
+            self._emit("response.refusal.done", **item.at, content_index=0, refusal=text)
+            self._emit_part("response.content_part.done", item, part)
+            item.item["content"] = [part]
         elif kind == "custom_tool_call":
             # The input streams as one delta once the call is whole: the model writes it
             # inside a JSON string, which only then decodes (design.md 8.4).
@@ -474,6 +492,8 @@ class ResponseTranslator:
             text = "".join(current.parts)
             if item["type"] == "reasoning":
                 return {**item, "content": [{"type": "reasoning_text", "text": text}]}
+            if item["type"] == "message":
+                return {**item, "content": [{"type": "refusal", "refusal": text}]}
             return {**item, "input" if item["type"] == "custom_tool_call" else "arguments": text}
         return item
 
