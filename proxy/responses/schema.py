@@ -210,6 +210,11 @@ class TextConfig(msgspec.Struct):
 class ReasoningConfig(msgspec.Struct):
     effort: str | None = None  # any string: clients send efforts newer than any list (design.md 8.1)
     summary: Literal["auto", "concise", "detailed"] | None = None
+    generate_summary: Literal["auto", "concise", "detailed"] | None = None  # summary's deprecated name
+
+    def __post_init__(self) -> None:
+        if self.summary is None:
+            self.summary = self.generate_summary
 
 
 Unit = Annotated[float, msgspec.Meta(ge=0, le=1)]

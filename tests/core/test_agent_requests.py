@@ -83,6 +83,12 @@ def test_any_effort_maps_to_one_the_upstream_takes(effort: str, upstream: str) -
 # -- input items (8.2) ----------------------------------------------------------------------------
 
 
+def test_the_deprecated_generate_summary_asks_for_summaries() -> None:
+    """design.md 8.5: older clients name `reasoning.summary` by its deprecated name."""
+    call = plan({"input": "hi", "reasoning": {"generate_summary": "concise"}})
+    assert call.summary and call.echo["reasoning"]["summary"] == "concise"
+
+
 @pytest.mark.parametrize("kind", sorted(NO_CHAT_FORM))
 def test_items_with_no_chat_form_are_dropped_and_reported(kind: str) -> None:
     call = plan({"input": [msg("user", "q"), {"type": kind, "id": "x", "status": "completed"}, msg("user", "more")]})
