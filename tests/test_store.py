@@ -141,9 +141,12 @@ async def test_item_references_resolve_stored_items(upstream: FakeUpstream, stor
     # The SDK's ItemReference may leave its type out or null (design.md 9.4).
     refs = [{"type": "item_reference", "id": "msg_mine"}, {"id": reasoning["id"]}, {"type": None, "id": call["id"]}]
     body = {"model": "m", "input": [*refs, {"type": "function_call_output", "call_id": "call_1", "output": "21C"}], "tools": [WEATHER]}
-    await create(http, stored_proxy, body, stream=True)
+    second = await create(http, stored_proxy, body, stream=True)
     assert [m["role"] for m in upstream.requests[1]["messages"]] == ["user", "assistant", "tool"]
     assert upstream.requests[1]["messages"][1]["reasoning_content"] == "Need the weather."
+    # Kept as the items they named: a turn chained on it replays them (and its answer).
+    await create(http, stored_proxy, {"model": "m", "input": "Thanks", "previous_response_id": second["id"], "tools": [WEATHER]}, stream=False)
+    assert upstream.requests[2]["messages"][:3] == upstream.requests[1]["messages"]
     status, _, raw = await post(http, stored_proxy, {**body, "input": [refs[0], {"type": "item_reference", "id": "msg_nowhere"}]})
     assert status == 400 and envelope(orjson.loads(raw))["param"] == "input[1].id"
 

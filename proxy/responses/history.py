@@ -12,7 +12,7 @@ import orjson
 
 from ..errors import InvalidRequest
 from .logprobs import INCLUDE_LOGPROBS
-from .schema import CreateResponse, ItemReference, parse_items
+from .schema import CreateResponse, ItemReference, parse_items, typed_item
 from .translate import IdSource
 
 RUNNING = ("queued", "in_progress")  # a background response's statuses until it ends (design.md 10.1)
@@ -65,10 +65,10 @@ def stored_input(data_input: Any, referenced: dict[str, dict[str, Any]], new_id:
         data_input = [{"role": "user", "content": data_input}]
     kept = []
     for item in data_input:
-        if item.get("type") == "item_reference":
+        item = dict(typed_item(item))
+        if item["type"] == "item_reference":
             kept.append(referenced[item["id"]])
             continue
-        item = {"type": "message", **item} if "type" not in item else dict(item)
         if item["type"] == "message" and isinstance(item.get("content"), str):
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": part, "text": item["content"]}]

@@ -307,10 +307,12 @@ def _prepared(items: list[Any]) -> list[Any]:
     """Items as msgspec reads them: the two kinds that may leave out their type typed (an
     EasyInputMessage `{role, content}`, an item reference `{id}`), an item with no chat form
     replaced by its stand-in."""
-    return [_stand_in(_typed(item), NO_CHAT_FORM.__contains__) for item in items]
+    return [_stand_in(typed_item(item), NO_CHAT_FORM.__contains__) for item in items]
 
 
-def _typed(item: Any) -> Any:
+def typed_item(item: Any) -> Any:
+    """An input item with its type, where it may be left out (or null): the one rule for every
+    reader of a request's raw input."""
     if not isinstance(item, dict) or item.get("type") is not None:
         return item
     if "role" in item:
