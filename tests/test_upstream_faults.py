@@ -164,8 +164,14 @@ FINISH = 6  # the index of the finish chunk in CHUNKS
         pytest.param(dict(stall_after=3), "response.failed", "upstream_timeout", 3, FAST, id="silence-mid-stream"),
         pytest.param(dict(stall_after=FINISH + 1), "response.completed", None, FINISH + 1, FAST, id="silence-after-finish"),
         pytest.param(dict(done=False), "response.completed", None, len(CHUNKS), None, id="no-done"),
-        pytest.param(dict(frames=[*(b"data: %s\n\n" % orjson.dumps(c) for c in CHUNKS[: FINISH + 1]), b'data: {"choices":[],"us']),
-                     "response.completed", None, FINISH + 1, None, id="clean-end-in-the-usage-frame"),
+        *(
+            pytest.param(dict(frames=[*(b"data: %s\n\n" % orjson.dumps(c) for c in CHUNKS[: FINISH + 1]), *tail]), "response.completed", None, FINISH + 1, None, id=id)
+            for id, tail in [
+                ("clean-end-in-the-usage-frame", [b'data: {"choices":[],"us']),
+                ("a-garbled-usage-frame", [b'data: {"choices":[],"us\n\n', b"data: [DONE]\n\n"]),
+                ("usage-with-a-null-count", [b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":null}}\n\n', b"data: [DONE]\n\n"]),
+            ]
+        ),
     ],
 )
 async def test_stream_broken_off(upstream, launch, http, baseline, reply: dict, terminal: str, code: str | None, read: int, timeouts) -> None:
@@ -244,13 +250,25 @@ async def fails_unreadable(http, running, upstream, baseline, *, read: int) -> N
     await healthy(http, running, upstream)
 
 
-@pytest.mark.parametrize("at", [1, 4, FINISH + 1])
+@pytest.mark.parametrize("at", [1, 4])
 @pytest.mark.parametrize("garbage", GARBAGE)
 async def test_unreadable_data_fails_the_stream(upstream, launch, http, baseline, garbage: bytes, at: int) -> None:
     running = await launch()
     frames = framed(CHUNKS)
     upstream.script(Reply(frames=[*frames[:at], garbage, *frames[at:], DONE]))
     await fails_unreadable(http, running, upstream, baseline, read=at)
+
+
+@pytest.mark.parametrize("garbage", GARBAGE)
+async def test_unreadable_data_after_the_finish_is_usage_lost(upstream, launch, http, baseline, garbage: bytes) -> None:
+    """design.md 4.9: the generation finished: it completes there, every score on it."""
+    running = await launch()
+    frames = framed(CHUNKS)
+    upstream.script(Reply(frames=[*frames[: FINISH + 1], garbage, *frames[FINISH + 1 :], DONE]))
+    run = await checked_stream(http, running.url, BODY)
+    assert run.terminal == "response.completed" and run.logprobs == sent_scores(CHUNKS)
+    await settled(running, upstream, baseline)
+    await healthy(http, running, upstream)
 
 
 @pytest.mark.parametrize(

@@ -78,8 +78,8 @@ class CompletionTokensDetails(msgspec.Struct, gc=False):
 
 
 class Usage(msgspec.Struct, gc=False):
-    prompt_tokens: int = 0
-    completion_tokens: int = 0
+    prompt_tokens: int | None = 0
+    completion_tokens: int | None = 0
     prompt_tokens_details: PromptTokensDetails | None = None
     completion_tokens_details: CompletionTokensDetails | None = None
     reasoning_tokens: int | None = None  # SGLang reports it here, not in the details

@@ -15,7 +15,6 @@ item (design.md 7.3).
 
 from __future__ import annotations
 
-import contextlib
 import os
 import time
 from collections.abc import Callable
@@ -144,16 +143,9 @@ class ResponseTranslator:
 
     def finish(self) -> bytes:
         """The upstream body ended (with or without `[DONE]`): an event cut short of its blank
-        line is read too. After the finish reason, one that cannot be read is the usage chunk
-        cut short, lost as a break loses it (design.md 4.9)."""
+        line is read too."""
         if not self.done:
-            last = self._sse.close()
-            if self._finish_reason is None:
-                self._read(last)
-            else:
-                with contextlib.suppress(UpstreamProtocolError):
-                    for payload in last:
-                        self._payload(payload)
+            self._read(self._sse.close())
             self._end()
         return self._flush()
 
@@ -165,6 +157,13 @@ class ResponseTranslator:
                     return
             if self._sse.failure is not None:
                 raise self._sse.failure
+        except UpstreamProtocolError as error:
+            # After the finish only usage and `[DONE]` come: one unreadable is usage lost, as a
+            # break loses it (design.md 4.9).
+            if self._finish_reason is None:
+                self._fail(error)
+            else:
+                self._end()
         except ProxyError as error:
             self._fail(error)
 
@@ -435,7 +434,7 @@ class ResponseTranslator:
         if any(call.name is None for call in self._calls.values()):
             self._fail(UpstreamProtocolError(_NAMELESS_CALL))
             return
-        if reason == "tool_calls" and self._at_token_limit():
+        if reason == "tool_calls" and self._cut_at_token_limit():
             reason = "length"
         incomplete = _INCOMPLETE_REASONS.get(reason)
         self._close_all(self._generating if incomplete else None, "completed")
@@ -444,11 +443,18 @@ class ResponseTranslator:
         else:
             self._terminate("response.completed", "completed", completed_at=int(self._clock()))
 
-    def _at_token_limit(self) -> bool:
-        """Whether the generation used every token it was allowed: vLLM reports a tool call
-        cut there as finished `tool_calls` (design.md 4.8)."""
-        limit = self._call.chat.get("max_completion_tokens")
-        return limit is not None and self._usage is not None and self._usage.completion_tokens >= limit
+    def _cut_at_token_limit(self) -> bool:
+        """Whether the tool call being generated was cut by the token limit, which vLLM reports
+        as finished `tool_calls`: the limit reached, the call's arguments not whole JSON (a call
+        that ended on the last token allowed is whole, design.md 4.8)."""
+        limit, usage, call = self._call.echo["max_output_tokens"], self._usage, self._generating
+        if limit is None or usage is None or (usage.completion_tokens or 0) < limit or call is None:
+            return False
+        try:
+            orjson.loads("".join(call.arguments if isinstance(call, _ToolCall) else call.parts))
+        except orjson.JSONDecodeError:
+            return True
+        return False
 
     def _fail(self, error: ProxyError) -> None:
         if self.done:
@@ -548,10 +554,11 @@ def usage_object(usage: Usage | None) -> dict[str, Any]:
     cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
     details = usage.completion_tokens_details
     reasoning = details.reasoning_tokens if details and details.reasoning_tokens is not None else usage.reasoning_tokens
+    input_tokens, output_tokens = usage.prompt_tokens or 0, usage.completion_tokens or 0
     return {
-        "input_tokens": usage.prompt_tokens,
+        "input_tokens": input_tokens,
         "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
-        "output_tokens": usage.completion_tokens,
+        "output_tokens": output_tokens,
         "output_tokens_details": {"reasoning_tokens": reasoning or 0},
-        "total_tokens": usage.prompt_tokens + usage.completion_tokens,
+        "total_tokens": input_tokens + output_tokens,
     }

@@ -7,7 +7,10 @@ import pytest
 
 from proxy.errors import UpstreamTimeout
 from proxy.responses.chat import upstream_error
+from proxy.responses.plan import TranslationSettings, plan_call
+from proxy.responses.schema import parse_request
 from proxy.responses.sse import DEFAULT_MAX_EVENT
+from proxy.responses.translate import ResponseTranslator
 from tests.client import parse_sse
 from tests.events import (
     NOW,
@@ -354,15 +357,28 @@ def test_unreadable_chunk_fails(garbage: bytes, k: int) -> None:
     assert_failed_after(k, [sse(CHUNKS[:k], done=False) + garbage + sse(CHUNKS[k:])])
 
 
-@pytest.mark.parametrize("k", range(1, len(CHUNKS)))
-def test_an_event_over_the_limit_fails_the_stream_after_the_events_before_it(k: int) -> None:
-    """design.md 6.11: whichever read it comes in, the chunks before it are read and their
-    scores kept, and nothing after it."""
+def with_a_big_event(k: int) -> tuple[list[bytes], ...]:
+    """CHUNKS with an event over 4096 bytes after the first k, in one read, two, and a byte a read."""
     before = sse(CHUNKS[:k], done=False)
     big = {"object": "chat.completion.chunk", "choices": [], "padding": "x" * 5000}  # ignored, when read
     body = before + frame(big) + sse(CHUNKS[k:])
-    for pieces in ([body], [body[: len(before) + 100], body[len(before) + 100 :]], [body[i : i + 1] for i in range(len(body))]):
+    return [body], [body[: len(before) + 100], body[len(before) + 100 :]], [body[i : i + 1] for i in range(len(body))]
+
+
+@pytest.mark.parametrize("k", range(1, len(CHUNKS) - 1))
+def test_an_event_over_the_limit_fails_the_stream_after_the_events_before_it(k: int) -> None:
+    """design.md 6.11: whichever read it comes in, the chunks before it are read and their
+    scores kept, and nothing after it."""
+    for pieces in with_a_big_event(k):
         assert_failed_after(k, pieces, max_event=4096)
+
+
+def test_an_event_over_the_limit_after_the_finish_is_usage_lost() -> None:
+    """design.md 4.9: the generation finished; the response completes at once, every score on it."""
+    for pieces in with_a_big_event(len(CHUNKS) - 1):
+        translator, events = translate(plan(), pieces, max_event=4096, finish=False)
+        stream = check_stream(events)
+        assert translator.done and stream.terminal == "response.completed" and stream.logprobs == sent_scores(CHUNKS)
 
 
 @pytest.mark.parametrize("k", range(1, len(CHUNKS) - 1))
@@ -381,6 +397,28 @@ def test_upstream_abort_fails() -> None:
     assert stream.terminal == "response.failed"
     assert stream.message.item["status"] == "incomplete"
     assert stream.logprobs == sent_scores(chunks)
+
+
+@pytest.mark.parametrize("stream", [True, False], ids=["stream", "plain"])
+@pytest.mark.parametrize("limit", [{"max_output_tokens": 3}, {"defaults": {"max_tokens": 3}}], ids=["asked", "route"])
+@pytest.mark.parametrize(
+    ("arguments", "used", "status"),
+    [('{"city": "Pa', 3, "incomplete"), ('{"city": "Pa', 2, "completed"), ('{"city": "Paris"}', 3, "completed")],
+    ids=["cut", "under-the-limit", "whole-on-the-last-token"],
+)
+def test_a_tool_call_cut_by_the_token_limit_is_incomplete_though_vllm_says_tool_calls(stream: bool, limit: dict, arguments: str, used: int, status: str) -> None:
+    """design.md 4.8: vLLM reports a tool call cut by the limit (the request's, or the route's
+    default) as finished `tool_calls`; arguments that are whole JSON finished on its last token."""
+    steps = [Step("tool", arguments, s("x"), tool_id="call_0", tool_name="weather"), Step("finish", finish_reason="tool_calls")]
+    gen = Generation(steps, completion_tokens=used, dialect="vllm")
+    body = {"input": "hi", "stream": stream, "max_output_tokens": limit.get("max_output_tokens")}
+    call = plan_call(parse_request({"model": "m", **body}), TranslationSettings(model="m", defaults=limit.get("defaults")))
+    if stream:
+        response = check_stream(translate(call, [sse(gen.chunks())])[1]).response
+    else:
+        response = orjson.loads(orjson.dumps(ResponseTranslator(call, streaming=False).complete(orjson.dumps(gen.completion()))))
+    assert response["status"] == status and response["output"][0]["status"] == status
+    assert response["incomplete_details"] == ({"reason": "max_output_tokens"} if status == "incomplete" else None)
 
 
 @pytest.mark.parametrize("usage", [True, False])
