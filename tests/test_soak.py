@@ -70,6 +70,9 @@ def expected(gen: Generation) -> tuple[str, str, list[dict], list[tuple[str, str
     return terminal, text, [as_response_logprob(entry) for s in gen.steps for entry in s.scores], list(calls.values())
 
 
+HALF_JSON = b'data: {"choices": [{"delta": {"content": \n\n'
+
+
 def with_noise(gen: Generation) -> list[bytes]:
     """The generation's frames with `choices: []` chunks and comments between them."""
     return [f for frame in framed(gen.chunks()) for f in (frame, b'data: {"choices": []}\n\n: ping\n\n')] + [b"data: [DONE]\n\n"]
@@ -96,7 +99,8 @@ CASES = [
     Case("error-frame", 6, lambda g: Reply(g, error_frame_after=4), "failed"),
     Case("dropped", 6, lambda g: Reply(g, drop_after=5), "failed"),
     Case("dropped-after-finish", 3, lambda g: Reply(g, drop_after=len(g.chunks()) - 1), "exact"),
-    Case("garbage", 4, lambda g: Reply(g, extra_frames=[b'data: {"choices": [{"delta": {"content": \n\n']), "failed"),
+    Case("garbage", 4, lambda g: Reply(frames=[*framed(g.chunks())[:3], HALF_JSON, *framed(g.chunks())[3:], b"data: [DONE]\n\n"]), "failed"),
+    Case("garbage-after-finish", 2, lambda g: Reply(g, extra_frames=[HALF_JSON]), "exact"),  # usage lost (design.md 4.9)
     Case("stalled", 2, lambda g: Reply(g, stall_after=3), "failed"),
     Case("slow-headers", 1, lambda g: Reply(g, headers_delay=TIMEOUT + 5), "504"),
     Case("reset", 4, lambda g: Reply(reset=True), "502"),
