@@ -72,7 +72,7 @@ def stored_input(data_input: Any, referenced: dict[str, dict[str, Any]], new_id:
         if item["type"] == "message" and isinstance(item.get("content"), str):
             part = "output_text" if item.get("role") == "assistant" else "input_text"
             item["content"] = [{"type": part, "text": item["content"]}]
-        if "id" not in item:
+        if item.get("id") is None:
             item["id"] = new_id(_ID_PREFIXES.get(item["type"], "item"))
         kept.append(item)
     return kept
