@@ -217,7 +217,9 @@ def _images(parts: str | list[ContentPart]) -> list[dict[str, Any]]:
 
 
 def _image(part: InputImage) -> dict[str, Any]:
-    url = {"url": part.image_url, "detail": part.detail} if part.detail else {"url": part.image_url}
+    # Chat servers know low, high and auto (SGLang refuses another): "original" is the most detail.
+    detail = "high" if part.detail == "original" else part.detail
+    url = {"url": part.image_url, "detail": detail} if detail else {"url": part.image_url}
     return {"type": "image_url", "image_url": url}
 
 

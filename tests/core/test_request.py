@@ -83,11 +83,13 @@ def reasoning(text: str, *, summary: bool = False) -> dict:
                 {"type": "input_text", "text": "what is this?"},
                 {"type": "input_image", "image_url": IMAGE, "detail": "high"},
                 {"type": "input_image", "image_url": IMAGE},
+                {"type": "input_image", "image_url": IMAGE, "detail": "original"},
             ])],
             [{"role": "user", "content": [
                 {"type": "text", "text": "what is this?"},
                 {"type": "image_url", "image_url": {"url": IMAGE, "detail": "high"}},
                 {"type": "image_url", "image_url": {"url": IMAGE}},
+                {"type": "image_url", "image_url": {"url": IMAGE, "detail": "high"}},  # chat has no "original"
             ]}],
             id="input_image-parts",
         ),
