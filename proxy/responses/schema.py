@@ -36,9 +36,15 @@ NO_CHAT_FORM = frozenset({
     "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output",
     "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
     "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
-    "tool_search_call", "tool_search_output", "additional_tools", "configuration_update",
+    "tool_search_call", "tool_search_output",
     "compaction", "compaction_trigger", "program", "program_output",
 })  # fmt: skip
+# Items that would change the answer (the tools offered, the settings) and that a chat request
+# cannot carry: refused, where dropping them would answer another question (design.md 8.2).
+UNHONOURED_ITEMS = {
+    "additional_tools": "offer their tools in the request's `tools`",
+    "configuration_update": "send its `text` and `reasoning` settings with the request",
+}
 # Tools the model calls and the client runs; every other type is run by OpenAI's servers.
 CLIENT_TOOLS = frozenset({"function", "custom", "namespace"})
 # The tag that stands in for what a request names but the proxy drops (hosted tools, items
@@ -307,7 +313,14 @@ def _prepared(items: list[Any]) -> list[Any]:
     """Items as msgspec reads them: the two kinds that may leave out their type typed (an
     EasyInputMessage `{role, content}`, an item reference `{id}`), an item with no chat form
     replaced by its stand-in."""
-    return [_stand_in(typed_item(item), NO_CHAT_FORM.__contains__) for item in items]
+    prepared = []
+    for index, item in enumerate(items):
+        item = typed_item(item)
+        kind = item.get("type") if isinstance(item, dict) else None
+        if kind in UNHONOURED_ITEMS:
+            raise InvalidRequest(f"'{kind}' input items are not supported by this proxy: {UNHONOURED_ITEMS[kind]}.", param=f"input[{index}].type", code="unsupported_parameter")
+        prepared.append(_stand_in(item, NO_CHAT_FORM.__contains__))
+    return prepared
 
 
 def typed_item(item: Any) -> Any:

@@ -424,6 +424,18 @@ def test_accepted_no_ops(body):
     assert chat({"input": "hi", **body}) == chat({"input": "hi"})
 
 
+@pytest.mark.parametrize(
+    "item",
+    [{"type": "additional_tools", "role": "developer", "tools": [{"type": "function", "name": "f", "parameters": {}}]},
+     {"type": "configuration_update", "reasoning": {"effort": "high"}}],
+    ids=lambda item: item["type"],
+)
+def test_items_that_would_change_the_answer_are_refused_not_dropped(item):
+    """design.md 8.2: dropped, they would leave the model without the tools or settings they give."""
+    error = refusal({"input": [msg("user", "hi"), item]})
+    assert (error.param, error.code) == ("input[1].type", "unsupported_parameter")
+
+
 def test_image_without_url_refused():
     """An input_image by `file_id` needs OpenAI's file store: refused, not sent as an empty image."""
     error = refusal({"input": [msg("user", [{"type": "input_image", "file_id": "file-123", "detail": "auto"}])]})
