@@ -212,6 +212,18 @@ def _part_text(parts: str | list[ContentPart]) -> str:
     return "".join(part.refusal if isinstance(part, Refusal) else part.text for part in parts if not isinstance(part, InputImage))
 
 
+def _text_only(message: Message) -> str:
+    """The text of a message that goes where chat takes text only (the merged system message, an
+    assistant turn): an image there is refused, not dropped (design.md 8.2)."""
+    if _images(message.content):
+        raise InvalidRequest(
+            f"An image in a {message.role} message cannot be sent to a chat server here: send it in a user message.",
+            param="input",
+            code="unsupported_parameter",
+        )
+    return _part_text(message.content)
+
+
 def _images(parts: str | list[ContentPart]) -> list[dict[str, Any]]:
     return [_image(part) for part in parts if isinstance(part, InputImage)] if isinstance(parts, list) else []
 
@@ -257,10 +269,11 @@ class _Conversation:
         table = self._table
         if isinstance(item, Message) and item.role in ("system", "developer"):
             if not self._messages and not self._reasoning:
-                self._system.append(_part_text(item.content))
+                self._system.append(_text_only(item))
             else:
                 self._add({"role": self._settings.late_system_role, "content": _chat_content(item.content)})
         elif isinstance(item, Message) and item.role == "assistant":
+            _text_only(item)
             target = self._assistant()
             target["content"] = target.get("content", "") + _part_text(item.content)
         elif isinstance(item, Message):

@@ -436,6 +436,14 @@ def test_items_that_would_change_the_answer_are_refused_not_dropped(item):
     assert (error.param, error.code) == ("input[1].type", "unsupported_parameter")
 
 
+@pytest.mark.parametrize("role", ["developer", "assistant"])
+def test_an_image_where_chat_takes_text_only_is_refused_not_dropped(role):
+    """design.md 8.2: the leading system message is merged as text, an assistant turn is text."""
+    image = {"type": "input_image", "image_url": IMAGE}
+    error = refusal({"input": [msg(role, [{"type": "input_text", "text": "look"}, image]), msg("user", "hi")]})
+    assert (error.param, error.code) == ("input", "unsupported_parameter") and role in error.message
+
+
 def test_image_without_url_refused():
     """An input_image by `file_id` needs OpenAI's file store: refused, not sent as an empty image."""
     error = refusal({"input": [msg("user", [{"type": "input_image", "file_id": "file-123", "detail": "auto"}])]})
