@@ -175,6 +175,8 @@ def _offered(choice: ToolChoice | None, table: ToolTable, settings: TranslationS
         for index, entry in enumerate(choice.tools):
             if entry["type"] in CHOSEN_BY_NAME:
                 allowed.add(table.chat_name(entry["name"], entry.get("namespace")))
+            elif entry["type"] == "namespace":  # all its functions
+                allowed.update(table.members(entry["name"]))
             else:
                 _drop_hosted("tool_choice", entry["type"], f"tool_choice.tools[{index}].type", settings, ignored)
         functions = [function for function in functions if function["function"]["name"] in allowed]

@@ -370,7 +370,13 @@ def _refuse_unsupported(request: CreateResponse) -> None:
             kind = entry.get("type")
             if not isinstance(kind, str):
                 raise InvalidRequest(f"Missing 'tool_choice.tools[{index}].type'.", param=f"tool_choice.tools[{index}].type")
-            if kind in CHOSEN_BY_NAME and (entry.get("namespace"), entry.get("name")) not in declared:
+            if kind in CHOSEN_BY_NAME:
+                found = (entry.get("namespace"), entry.get("name")) in declared
+            elif kind == "namespace":
+                found = entry.get("name") in {namespace for namespace, _ in declared if namespace is not None}
+            else:
+                continue  # a hosted tool: dropped or refused by the route's policy
+            if not found:
                 raise InvalidRequest(
                     f"tool_choice.tools[{index}] names the tool '{entry.get('name')}', which is not in 'tools'.", param=f"tool_choice.tools[{index}].name"
                 )

@@ -82,6 +82,10 @@ class ToolTable:
             return found
         return name if namespace is None else _namespaced_name(namespace, name, set())
 
+    def members(self, namespace: str) -> list[str]:
+        """The chat names of a namespace's functions."""
+        return [chat_name for (owner, _), chat_name in self._chat_names.items() if owner == namespace]
+
     def lookup(self, chat_name: str) -> ToolRef:
         """The client tool behind a chat name; a name the model made up stays a function."""
         return self._by_chat_name.get(chat_name) or ToolRef(chat_name)

@@ -268,12 +268,20 @@ def test_allowed_tools_offer_the_model_only_those(mode: str) -> None:
     assert "tool_choice:web_search" in call.ignored
 
 
+def test_an_allowed_namespace_allows_all_its_functions() -> None:
+    """design.md 8.4: an allowed_tools entry may name a namespace (not a hosted tool)."""
+    choice = {"type": "allowed_tools", "mode": "required", "tools": [{"type": "namespace", "name": "team"}]}
+    call = plan({"input": "hi", "tools": [WEATHER, namespace("team", "lookup", "find")], "tool_choice": choice}, hosted_tools="reject")
+    assert function_names(call.chat) == ["team__lookup", "team__find"] and call.chat["tool_choice"] == "required"
+
+
 @pytest.mark.parametrize(
     ("allowed", "param"),
     [
         ([{"type": "function", "name": "nowhere"}], "tool_choice.tools[0].name"),
         ([{"type": "function", "name": "weather"}, {"type": "function", "name": "lookup"}], "tool_choice.tools[1].name"),  # its namespace left out
         ([{"name": "weather"}], "tool_choice.tools[0].type"),
+        ([{"type": "namespace", "name": "lookup"}], "tool_choice.tools[0].name"),  # a function's name, no namespace's
         ([{"type": "web_search"}], "tool_choice"),  # required, and nothing left to call
     ],
 )
