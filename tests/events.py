@@ -27,6 +27,7 @@ DELTAS = {
     "response.reasoning_summary_text.delta": ("response.reasoning_summary_text.done", "text"),
     "response.function_call_arguments.delta": ("response.function_call_arguments.done", "arguments"),
     "response.custom_tool_call_input.delta": ("response.custom_tool_call_input.done", "input"),
+    "response.refusal.delta": ("response.refusal.done", "refusal"),
 }
 # Deltas that need no content part first.
 _PARTLESS = {"response.function_call_arguments.delta", "response.custom_tool_call_input.delta", "response.reasoning_summary_text.delta"}
@@ -170,8 +171,8 @@ class Stream:
 
     @property
     def message(self) -> _Item | None:
-        messages = [item for item in self.items if item.type == "message"]
-        assert len(messages) <= 1, "one message item at most"
+        messages = [item for item in self.items if item.type == "message" and item.item["content"][0]["type"] == "output_text"]
+        assert len(messages) <= 1, "one message item at most (a refusal is another)"
         return messages[0] if messages else None
 
     @property
@@ -218,7 +219,7 @@ def check_stream(events: list[dict]) -> Stream:
         assert response["completed_at"] is None
 
     items: list[_Item] = []
-    open_other: _Item | None = None  # the open reasoning or function_call item
+    open_other: _Item | None = None  # the open reasoning, tool call or refusal item
     for event in events:
         kind = event["type"]
         if kind == "response.output_item.added":
@@ -243,6 +244,9 @@ def check_stream(events: list[dict]) -> Stream:
                 open_other = None
         elif kind == "response.content_part.added":
             item.part_added = True
+            if event["part"]["type"] == "refusal":  # a message of its own (design.md 4.5)
+                assert open_other is None, "items follow one another"
+                open_other = item
         elif kind == "response.reasoning_summary_part.added":
             item.summary_part_added = True
         elif kind in DELTAS:
@@ -266,9 +270,11 @@ def check_stream(events: list[dict]) -> Stream:
             closing, key = DELTAS[delta_type]
             assert item.done_events[closing][key] == "".join(d["delta"] for d in item.deltas if d["type"] == delta_type)
         if item.type == "message":
-            assert done_order[-1] == item.id, "the message closes last"
             part = item.done_events["response.content_part.done"]["part"]
             assert item.item["content"] == [part]
+            if part["type"] == "refusal":
+                continue
+            assert done_order[-1] == item.id, "the message closes last"
             text_done = item.done_events["response.output_text.done"]
             assert (text_done["text"], text_done["logprobs"]) == (part["text"], part["logprobs"])
             streamed = [s for d in item.deltas for s in d["logprobs"]]

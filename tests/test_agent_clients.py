@@ -15,7 +15,7 @@ import pytest
 
 from proxy.config import parse
 from tests.agents import codex_turn, web_search
-from tests.client import CONTEXT_LENGTH_EXCEEDED, LOGPROBS, envelope, parse_sse, read_events, validate_event, validate_response
+from tests.client import CONTEXT_LENGTH_EXCEEDED, LOGPROBS, envelope, parse_sse, read_events, validate_response
 from tests.events import check_stream, sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score, sglang_error, vllm_error
 from tests.harness import BODY, post, sample, scrape
@@ -93,8 +93,7 @@ async def test_a_refusal_is_a_message_with_a_refusal_part(upstream: FakeUpstream
         ]
         upstream.script(Reply(frames=[*(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks), b"data: [DONE]\n\n"]))
         _, events = await streamed(http, proxy, {"model": "m", "input": "hi"})
-        for event in events:
-            validate_event(event)
+        check_stream(events)
         assert [e["delta"] for e in events if e["type"] == "response.refusal.delta"] == words
         assert [e["refusal"] for e in events if e["type"] == "response.refusal.done"] == ["".join(words)]
         response = events[-1]["response"]

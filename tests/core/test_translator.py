@@ -421,6 +421,21 @@ def test_a_tool_call_cut_by_the_token_limit_is_incomplete_though_vllm_says_tool_
     assert response["incomplete_details"] == ({"reason": "max_output_tokens"} if status == "incomplete" else None)
 
 
+def test_a_refusal_beside_text_is_a_message_of_its_own() -> None:
+    """design.md 4.5: text, then a refusal: two messages, the scores on the text's, the contract
+    checked on every event."""
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [
+        {**head, "choices": [{"index": 0, "delta": {"content": "Sure"}, "logprobs": {"content": s("Sure")}}]},
+        *({**head, "choices": [{"index": 0, "delta": {"refusal": word}, "logprobs": {"content": s(word)}}]} for word in ("I ", "can't")),
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
+    ]
+    stream = check_stream(translate(plan(), [sse(chunks)])[1])
+    assert [item["content"][0]["type"] for item in stream.response["output"]] == ["output_text", "refusal"]
+    assert stream.response["output"][1]["content"][0]["refusal"] == "I can't"
+    assert stream.logprobs == sent_scores(chunks)
+
+
 @pytest.mark.parametrize("usage", [True, False])
 def test_stream_without_done_but_finished_completes(usage: bool) -> None:
     chunks = FAULTY.chunks(usage=usage)
