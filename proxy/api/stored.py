@@ -96,10 +96,10 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     if not response.get("background"):
         raise InvalidRequest("Only background responses keep their events to stream again.", param="stream")
     try:
-        after = int(request.query.get("starting_after", "-1"))
+        after: int | None = int(request.query.get("starting_after", "-1"))
     except ValueError:
-        after = -2
-    if not -1 <= after < 2**63:  # the stores keep sequence numbers in 64 bits
+        after = None
+    if after is None or not -1 <= after < 2**63:  # the stores keep sequence numbers in 64 bits
         raise InvalidRequest("'starting_after' must be an event's sequence number (or -1, for all).", param="starting_after")
     return await background.follow(request, id, after)
 

@@ -76,7 +76,7 @@ class Call:
     background: bool = False  # runs without its client (design.md 10.1)
     seal: Callable[[str], str] | None = None  # reasoning items carry `encrypted_content`
     # Alternatives a score keeps, where the upstream was asked for more (design.md 3.1).
-    top_logprobs: int | None = None
+    alternatives: int | None = None
     # What the request named that the upstream is not sent: `kind:name` each, for logs and metrics.
     ignored: tuple[str, ...] = ()
 
@@ -132,7 +132,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         echo=_echo(request, chat, tools, top_logprobs, effort, stored),
         tools=table,
         summary=request.reasoning is not None and request.reasoning.summary is not None,
-        top_logprobs=top_logprobs if logprobs and asked > top_logprobs else None,
+        alternatives=top_logprobs if logprobs and asked > top_logprobs else None,
         background=bool(request.background),
         seal=settings.sealer.seal if settings.sealer and INCLUDE_ENCRYPTED_REASONING in include else None,
         ignored=tuple(ignored),

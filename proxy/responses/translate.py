@@ -98,7 +98,7 @@ class ResponseTranslator:
         # What the last generated token went to: an item, or a tool call still waiting for its id.
         self._generating: _OpenItem | _ToolCall | None = None
         self._calls: dict[int, _ToolCall] = {}
-        self._scores = ScoreBuffer(call.top_logprobs)
+        self._scores = ScoreBuffer(call.alternatives)
         self._shape: ChunkShape | None = None  # of the last chunk that held one text and nothing else
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
