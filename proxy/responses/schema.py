@@ -317,7 +317,7 @@ def _prepared(items: list[Any]) -> list[Any]:
     for index, item in enumerate(items):
         item = typed_item(item)
         kind = item.get("type") if isinstance(item, dict) else None
-        if kind in UNHONOURED_ITEMS:
+        if isinstance(kind, str) and kind in UNHONOURED_ITEMS:
             raise InvalidRequest(f"'{kind}' input items are not supported by this proxy: {UNHONOURED_ITEMS[kind]}.", param=f"input[{index}].type", code="unsupported_parameter")
         prepared.append(_stand_in(item, NO_CHAT_FORM.__contains__))
     return prepared
@@ -370,12 +370,15 @@ def _refuse_unsupported(request: CreateResponse) -> None:
             kind = entry.get("type")
             if not isinstance(kind, str):
                 raise InvalidRequest(f"Missing 'tool_choice.tools[{index}].type'.", param=f"tool_choice.tools[{index}].type")
-            if kind in CHOSEN_BY_NAME:
-                found = (entry.get("namespace"), entry.get("name")) in declared
-            elif kind == "namespace":
-                found = entry.get("name") in {namespace for namespace, _ in declared if namespace is not None}
-            else:
+            if kind not in CHOSEN_BY_NAME and kind != "namespace":
                 continue  # a hosted tool: dropped or refused by the route's policy
+            for key in ("name", "namespace"):
+                if not isinstance(entry.get(key), str) and (key == "name" or entry.get(key) is not None):
+                    raise InvalidRequest(f"'tool_choice.tools[{index}].{key}' must be a string.", param=f"tool_choice.tools[{index}].{key}")
+            if kind == "namespace":
+                found = entry["name"] in {namespace for namespace, _ in declared if namespace is not None}
+            else:
+                found = (entry.get("namespace"), entry["name"]) in declared
             if not found:
                 raise InvalidRequest(
                     f"tool_choice.tools[{index}] names the tool '{entry.get('name')}', which is not in 'tools'.", param=f"tool_choice.tools[{index}].name"

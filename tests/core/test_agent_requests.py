@@ -282,6 +282,8 @@ def test_an_allowed_namespace_allows_all_its_functions() -> None:
         ([{"type": "function", "name": "weather"}, {"type": "function", "name": "lookup"}], "tool_choice.tools[1].name"),  # its namespace left out
         ([{"name": "weather"}], "tool_choice.tools[0].type"),
         ([{"type": "namespace", "name": "lookup"}], "tool_choice.tools[0].name"),  # a function's name, no namespace's
+        ([{"type": "function", "name": ["weather"]}], "tool_choice.tools[0].name"),  # was a TypeError, a 500
+        ([{"type": "function", "name": "lookup", "namespace": {}}], "tool_choice.tools[0].namespace"),
         ([{"type": "web_search"}], "tool_choice"),  # required, and nothing left to call
     ],
 )

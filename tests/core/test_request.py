@@ -444,6 +444,12 @@ def test_an_image_where_chat_takes_text_only_is_refused_not_dropped(role):
     assert (error.param, error.code) == ("input", "unsupported_parameter") and role in error.message
 
 
+@pytest.mark.parametrize("kind", [["additional_tools"], {"a": 1}], ids=["list", "object"])
+def test_an_item_type_that_is_no_string_is_a_400(kind):
+    """Found by tests/test_fuzz.py: a type that cannot be a key was a TypeError, a 500."""
+    assert refusal({"input": [{"type": kind}]}).param is not None
+
+
 def test_image_without_url_refused():
     """An input_image by `file_id` needs OpenAI's file store: refused, not sent as an empty image."""
     error = refusal({"input": [msg("user", [{"type": "input_image", "file_id": "file-123", "detail": "auto"}])]})
