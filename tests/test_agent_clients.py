@@ -16,7 +16,7 @@ import pytest
 from proxy.config import parse
 from tests.agents import codex_turn, web_search
 from tests.client import CONTEXT_LENGTH_EXCEEDED, LOGPROBS, envelope, parse_sse, read_events, validate_response
-from tests.events import check_stream, sent_scores
+from tests.events import check_stream, framed, sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score, sglang_error, vllm_error
 from tests.harness import BODY, post, sample, scrape
 
@@ -66,8 +66,7 @@ async def test_an_upstream_that_reports_no_usage_still_gives_a_usage_object(
     server that ignores `include_usage` gets zeros, not null."""
     gen = agent_turn()
     if stream:
-        frames = [b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in gen.chunks(usage=False)]
-        upstream.script(Reply(frames=[*frames, b"data: [DONE]\n\n"]))
+        upstream.script(Reply(frames=[*framed(gen.chunks(usage=False)), b"data: [DONE]\n\n"]))
         _, events = await streamed(http, proxy, BODY)
         response = events[-1]["response"]
     else:
@@ -91,7 +90,7 @@ async def test_a_refusal_is_a_message_with_a_refusal_part(upstream: FakeUpstream
             *({**head, "choices": [{"index": 0, "delta": {"refusal": word}, "finish_reason": None}]} for word in words),
             {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]},
         ]
-        upstream.script(Reply(frames=[*(b"data: " + orjson.dumps(chunk) + b"\n\n" for chunk in chunks), b"data: [DONE]\n\n"]))
+        upstream.script(Reply(frames=[*framed(chunks), b"data: [DONE]\n\n"]))
         _, events = await streamed(http, proxy, {"model": "m", "input": "hi"})
         check_stream(events)
         assert [e["delta"] for e in events if e["type"] == "response.refusal.delta"] == words

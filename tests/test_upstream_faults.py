@@ -165,7 +165,7 @@ FINISH = 6  # the index of the finish chunk in CHUNKS
         pytest.param(dict(stall_after=FINISH + 1), "response.completed", None, FINISH + 1, FAST, id="silence-after-finish"),
         pytest.param(dict(done=False), "response.completed", None, len(CHUNKS), None, id="no-done"),
         *(
-            pytest.param(dict(frames=[*(b"data: %s\n\n" % orjson.dumps(c) for c in CHUNKS[: FINISH + 1]), *tail]), "response.completed", None, FINISH + 1, None, id=id)
+            pytest.param(dict(frames=[*framed(CHUNKS[: FINISH + 1]), *tail]), "response.completed", None, FINISH + 1, None, id=id)
             for id, tail in [
                 ("clean-end-in-the-usage-frame", [b'data: {"choices":[],"us']),
                 ("a-garbled-usage-frame", [b'data: {"choices":[],"us\n\n', b"data: [DONE]\n\n"]),

@@ -372,9 +372,9 @@ def _refuse_unsupported(request: CreateResponse) -> None:
                 raise InvalidRequest(f"Missing 'tool_choice.tools[{index}].type'.", param=f"tool_choice.tools[{index}].type")
             if kind not in CHOSEN_BY_NAME and kind != "namespace":
                 continue  # a hosted tool: dropped or refused by the route's policy
-            for key in ("name", "namespace"):
-                if not isinstance(entry.get(key), str) and (key == "name" or entry.get(key) is not None):
-                    raise InvalidRequest(f"'tool_choice.tools[{index}].{key}' must be a string.", param=f"tool_choice.tools[{index}].{key}")
+            wrong = "name" if not isinstance(entry.get("name"), str) else "namespace" if not isinstance(entry.get("namespace"), str | None) else None
+            if wrong is not None:
+                raise InvalidRequest(f"'tool_choice.tools[{index}].{wrong}' must be a string.", param=f"tool_choice.tools[{index}].{wrong}")
             if kind == "namespace":
                 found = entry["name"] in {namespace for namespace, _ in declared if namespace is not None}
             else:

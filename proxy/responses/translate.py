@@ -286,8 +286,7 @@ class ResponseTranslator:
         item = self._current
         if item is None or item.item["type"] != "message":
             self._close_current()
-            item = self._current = self._open({"id": self._new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []})
-            self._emit_part("response.content_part.added", item, {"type": "refusal", "refusal": ""})
+            item = self._current = self._new_message({"type": "refusal", "refusal": ""})
         item.parts.append(text)
         self._generating = item
         self._emit_delta(item, "response.refusal.delta", "content_index", orjson.dumps(text))
@@ -326,11 +325,14 @@ class ResponseTranslator:
         return opened
 
     def _open_message(self) -> _OpenItem:
-        self._message = self._open(
-            {"id": self._new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
-        )
-        self._emit_part("response.content_part.added", self._message, self._text_part("", []))
+        self._message = self._new_message(self._text_part("", []))
         return self._message
+
+    def _new_message(self, part: dict[str, Any]) -> _OpenItem:
+        """A message item opened with its one content part, empty: text, or a refusal."""
+        item = self._open({"id": self._new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []})
+        self._emit_part("response.content_part.added", item, part)
+        return item
 
     def _open_call(self, call: _ToolCall) -> None:
         """A function call, or a custom tool call (design.md 8.4), under the client's name."""
