@@ -1,9 +1,14 @@
-"""`python -m tests.bench.memory [--streams 200]`: where an open stream's memory goes.
+"""`python -m tests.bench.memory [--streams 200] [--rss]`: where an open stream's memory goes.
 
 The proxy runs under tracemalloc; N streams of 40 chunks at 10 chunks/s (the RSS row of
 `make bench`) are opened, and the proxy's Python allocations at their 36th chunk are compared
 with those before them, per allocation site, per stream. The sites are one frame deep: the line
 that allocated, in the proxy or in a library.
+
+With `--rss`, no tracing: the RSS growth per open stream of the proxy and of the pass-through
+under that load, each on processes that served nothing before it (cold, as the bench's row:
+the first load's connections and the allocator's first arenas count too) and on processes that
+served an unpaced load as large just before (warm: what the open streams themselves hold).
 """
 
 from __future__ import annotations
@@ -20,6 +25,7 @@ from pathlib import Path
 import aiohttp
 
 from . import procs
+from .load import Side, drive
 
 CHUNKS, PACE = 40, 10
 
@@ -75,15 +81,43 @@ def report(snapshots: Path, streams: int, top: int) -> None:
         print(f"{site.size_diff / streams:8.0f} B {site.count_diff / streams:6.1f} blocks  {where}:{frame.lineno}")
 
 
+async def rss_growth(side: Side, streams: int, warm: bool) -> float:
+    """kB of RSS a stream, at the peak of `streams` open streams against before them."""
+    if warm:
+        await drive(side, n=CHUNKS, concurrency=streams)
+        await asyncio.sleep(0.5)
+    load = await drive(side, n=CHUNKS, concurrency=streams, pace=PACE, spread=1.0)
+    if load.failed:
+        raise RuntimeError(f"{side.name}: {load.failed} streams failed: {load.errors}")
+    return (load.rss_peak_kb - load.rss_before_kb) / streams
+
+
+def rss(streams: int, logs: Path) -> None:
+    pinning = procs.Pinning()
+    print(pinning.describe())
+    for warm in (False, True):
+        running = procs.start_all(pinning, logs)
+        try:
+            sides = [Side(name, running[name].port, name == "proxy", running[name], pinning.test_cpu) for name in ("baseline", "proxy")]
+            grown = {side.name: asyncio.run(rss_growth(side, streams, warm)) for side in sides}
+        finally:
+            procs.stop_all(running)
+        print(f"{'warm' if warm else 'cold'}: RSS per open stream, proxy {grown['proxy']:.1f} kB, baseline {grown['baseline']:.1f} kB")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.memory", description=__doc__.split("\n")[0])
     parser.add_argument("--streams", type=int, default=200)
     parser.add_argument("--top", type=int, default=20, help="how many allocation sites to list")
+    parser.add_argument("--rss", action="store_true", help="RSS growth per stream, proxy and pass-through, cold and warm (no tracing)")
     parser.add_argument("--serve", metavar="DIR", help=argparse.SUPPRESS)  # the traced proxy's side
     args, rest = parser.parse_known_args(argv)
     if args.serve:
         return serve(Path(args.serve), rest)
     procs.raise_nofile()
+    if args.rss:
+        rss(args.streams, Path("bench-results/logs"))
+        return 0
     with tempfile.TemporaryDirectory() as work:
         folder = Path(work)
         upstream_port, port = procs.free_port(), procs.free_port()
