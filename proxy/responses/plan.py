@@ -275,9 +275,8 @@ class _Conversation:
             else:
                 self._add({"role": self._settings.late_system_role, "content": _chat_content(item.content)})
         elif isinstance(item, Message) and item.role == "assistant":
-            _text_only(item)
             target = self._assistant()
-            target["content"] = target.get("content", "") + _part_text(item.content)
+            target["content"] = target.get("content", "") + _text_only(item)
         elif isinstance(item, Message):
             self._add({"role": "user", "content": _chat_content(item.content)})
         elif isinstance(item, FunctionCall):
