@@ -200,6 +200,7 @@ def check_stream(events: list[dict]) -> Stream:
         validate_event(event)
         assert event["sequence_number"] == number, types
     assert types[:2] == ["response.created", "response.in_progress"], types
+    assert events[0]["response"]["usage"] is None and events[1]["response"]["usage"] is None, "null until it ends (design.md 5.1)"
     assert sum(t in TERMINAL for t in types) == 1 and types[-1] in TERMINAL, types
     response = events[-1]["response"]
     validate_response(response)

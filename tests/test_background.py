@@ -314,9 +314,12 @@ async def test_a_starting_after_that_is_no_sequence_number_is_refused_before_the
     upstream.script(Reply(slow_text(3)))
     _, _, raw = await post(http, one, {**BODY, "background": True})
     id = orjson.loads(raw)["id"]
-    for after in (-5, 2**70, "x"):
+    for after in (-2, 2**63, "x"):  # just past what the stores hold (-1 to 2**63 - 1), and no number
         async with http.get(f"{one}/v1/responses/{id}?stream=true&starting_after={after}") as response:
             assert response.status == 400 and envelope(await response.json())["param"] == "starting_after", after
+    await until_done(http, one, id)
+    async with asyncio.timeout(2):
+        assert await replay(http, one, id, after=2**63 - 1) == b"data: [DONE]\n\n"
 
 
 async def test_a_follower_past_the_end_of_a_running_response_ends_with_it(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:

@@ -152,35 +152,42 @@ async def test_unknown_finish_reason_non_streaming(upstream, launch, http, basel
 
 CHUNKS = turn().chunks()  # role, 2 reasoning, text, scores, text, finish, usage
 FINISH = 6  # the index of the finish chunk in CHUNKS
+LOST = (0, 0)  # the token counts of a response whose usage chunk was never read
 
 
 @pytest.mark.parametrize(
-    ("reply", "terminal", "code", "read", "timeouts"),
+    ("reply", "terminal", "code", "read", "timeouts", "usage"),
     [
-        pytest.param(dict(drop_after=4), "response.failed", "upstream_unreachable", 4, None, id="reset-mid-stream"),
-        pytest.param(dict(drop_after=4, write_size=7), "response.failed", "upstream_unreachable", 4, None, id="reset-mid-frame"),
-        pytest.param(dict(drop_after=FINISH + 1), "response.completed", None, FINISH + 1, None, id="reset-after-finish"),
-        pytest.param(dict(stall_after=0), "response.failed", "upstream_timeout", 0, FAST, id="headers-then-silence"),
-        pytest.param(dict(stall_after=3), "response.failed", "upstream_timeout", 3, FAST, id="silence-mid-stream"),
-        pytest.param(dict(stall_after=FINISH + 1), "response.completed", None, FINISH + 1, FAST, id="silence-after-finish"),
-        pytest.param(dict(done=False), "response.completed", None, len(CHUNKS), None, id="no-done"),
+        pytest.param(dict(drop_after=4), "response.failed", "upstream_unreachable", 4, None, LOST, id="reset-mid-stream"),
+        pytest.param(dict(drop_after=4, write_size=7), "response.failed", "upstream_unreachable", 4, None, LOST, id="reset-mid-frame"),
+        pytest.param(dict(drop_after=FINISH + 1), "response.completed", None, FINISH + 1, None, LOST, id="reset-after-finish"),
+        pytest.param(dict(stall_after=0), "response.failed", "upstream_timeout", 0, FAST, LOST, id="headers-then-silence"),
+        pytest.param(dict(stall_after=3), "response.failed", "upstream_timeout", 3, FAST, LOST, id="silence-mid-stream"),
+        pytest.param(dict(stall_after=FINISH + 1), "response.completed", None, FINISH + 1, FAST, LOST, id="silence-after-finish"),
+        pytest.param(dict(done=False), "response.completed", None, len(CHUNKS), None, None, id="no-done"),
         *(
-            pytest.param(dict(frames=[*framed(CHUNKS[: FINISH + 1]), *tail]), "response.completed", None, FINISH + 1, None, id=id)
-            for id, tail in [
-                ("clean-end-in-the-usage-frame", [b'data: {"choices":[],"us']),
-                ("a-garbled-usage-frame", [b'data: {"choices":[],"us\n\n', b"data: [DONE]\n\n"]),
-                ("usage-with-a-null-count", [b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":null}}\n\n', b"data: [DONE]\n\n"]),
+            pytest.param(dict(frames=[*framed(CHUNKS[: FINISH + 1]), *tail]), "response.completed", None, FINISH + 1, None, usage, id=id)
+            for id, tail, usage in [
+                ("clean-end-in-the-usage-frame", [b'data: {"choices":[],"us'], LOST),
+                ("a-garbled-usage-frame", [b'data: {"choices":[],"us\n\n', b"data: [DONE]\n\n"], LOST),
+                ("usage-with-a-null-count", [b'data: {"choices":[],"usage":{"prompt_tokens":5,"completion_tokens":null}}\n\n', b"data: [DONE]\n\n"], (5, 0)),
             ]
         ),
     ],
 )
-async def test_stream_broken_off(upstream, launch, http, baseline, reply: dict, terminal: str, code: str | None, read: int, timeouts) -> None:
+async def test_stream_broken_off(
+    upstream, launch, http, baseline, reply: dict, terminal: str, code: str | None, read: int, timeouts, usage: tuple[int, int] | None
+) -> None:
     """Cut before the finish: `response.failed` with the scores read so far on the message;
-    cut after it: `response.completed` (only the usage or `[DONE]` was lost)."""
+    cut after it: `response.completed` (only the usage or `[DONE]` was lost: its counts are
+    zeros, design.md 4.9, 5.1). `usage`: (input, output) tokens, None where the usage came whole."""
     running = await launch(timeouts=timeouts)
     upstream.script(Reply(turn(), **reply))
     run = await checked_stream(http, running.url, BODY)
     assert run.terminal == terminal
+    if usage is not None:
+        counts = run.response["usage"]
+        assert (counts["input_tokens"], counts["output_tokens"], counts["total_tokens"]) == (*usage, sum(usage))
     assert run.logprobs == sent_scores(CHUNKS[:read])
     if code is not None:
         assert run.events[-2]["code"] == code
@@ -267,6 +274,7 @@ async def test_unreadable_data_after_the_finish_is_usage_lost(upstream, launch, 
     upstream.script(Reply(frames=[*frames[: FINISH + 1], garbage, *frames[FINISH + 1 :], DONE]))
     run = await checked_stream(http, running.url, BODY)
     assert run.terminal == "response.completed" and run.logprobs == sent_scores(CHUNKS)
+    assert run.response["usage"]["total_tokens"] == 0  # it completes there: the usage after it is unread
     await settled(running, upstream, baseline)
     await healthy(http, running, upstream)
 

@@ -436,6 +436,27 @@ def test_a_refusal_beside_text_is_a_message_of_its_own() -> None:
     assert stream.logprobs == sent_scores(chunks)
 
 
+@pytest.mark.parametrize(
+    ("after", "finish"),
+    [({"content": "Sure"}, "stop"), ({"tool_calls": [{"index": 0, "id": "call_0", "function": {"name": "weather", "arguments": "{}"}}]}, "tool_calls")],
+    ids=["then-text", "then-a-tool-call"],
+)
+def test_a_refusal_closes_when_text_or_a_tool_call_begins(after: dict, finish: str) -> None:
+    """design.md 4.5: as a reasoning item does: its `output_item.done` before the next item's
+    `output_item.added`; every score still on the text's message."""
+    head = {"id": "c", "object": "chat.completion.chunk", "created": 1, "model": "m"}
+    chunks = [
+        *({**head, "choices": [{"index": 0, "delta": {"refusal": word}, "logprobs": {"content": s(word)}}]} for word in ("I ", "can't")),
+        {**head, "choices": [{"index": 0, "delta": after, "logprobs": {"content": s("next")}}]},
+        {**head, "choices": [{"index": 0, "delta": {}, "finish_reason": finish}]},
+    ]
+    stream = check_stream(translate(plan(), [sse(chunks)])[1])
+    edges = [(e["type"], e["output_index"]) for e in stream.events if e["type"] in ("response.output_item.added", "response.output_item.done")]
+    assert edges.index(("response.output_item.done", 0)) < edges.index(("response.output_item.added", 1))
+    assert stream.response["output"][0]["content"] == [{"type": "refusal", "refusal": "I can't"}]
+    assert stream.logprobs == sent_scores(chunks)
+
+
 @pytest.mark.parametrize("usage", [True, False])
 def test_stream_without_done_but_finished_completes(usage: bool) -> None:
     chunks = FAULTY.chunks(usage=usage)
