@@ -6,9 +6,10 @@ with those before them, per allocation site, per stream. The sites are one frame
 that allocated, in the proxy or in a library.
 
 With `--rss`, no tracing: the RSS growth per open stream of the proxy and of the pass-through
-under that load, each on processes that served nothing before it (cold, as the bench's row:
-the first load's connections and the allocator's first arenas count too) and on processes that
-served an unpaced load as large just before (warm: what the open streams themselves hold).
+under that load (`--streams 400` is the bench's), each on fresh processes that served a few
+streams first (cold, as the bench's row: the load's connections and the allocator's first
+arenas count too), and on fresh processes that served an unpaced load as large just before
+(warm: the growth beyond what that load left in place, which the open streams hold).
 """
 
 from __future__ import annotations
@@ -83,13 +84,12 @@ def report(snapshots: Path, streams: int, top: int) -> None:
 
 async def rss_growth(side: Side, streams: int, warm: bool) -> float:
     """kB of RSS a stream, at the peak of `streams` open streams against before them."""
-    if warm:
-        await drive(side, n=CHUNKS, concurrency=streams)
+    for load in (dict(n=CHUNKS, concurrency=streams if warm else 4), dict(n=CHUNKS, concurrency=streams, pace=PACE, spread=1.0)):
         await asyncio.sleep(0.5)
-    load = await drive(side, n=CHUNKS, concurrency=streams, pace=PACE, spread=1.0)
-    if load.failed:
-        raise RuntimeError(f"{side.name}: {load.failed} streams failed: {load.errors}")
-    return (load.rss_peak_kb - load.rss_before_kb) / streams
+        done = await drive(side, **load)
+        if done.failed:
+            raise RuntimeError(f"{side.name}: {done.failed} streams failed: {done.errors}")
+    return (done.rss_peak_kb - done.rss_before_kb) / streams
 
 
 def rss(streams: int, logs: Path) -> None:
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
         return serve(Path(args.serve), rest)
     procs.raise_nofile()
     if args.rss:
-        rss(args.streams, Path("bench-results/logs"))
+        with tempfile.TemporaryDirectory() as logs:  # not the bench's logs and store
+            rss(args.streams, Path(logs))
         return 0
     with tempfile.TemporaryDirectory() as work:
         folder = Path(work)
