@@ -336,9 +336,12 @@ async def test_a_follower_past_the_end_of_a_running_response_ends_with_it(upstre
     assert body.replace(b": keepalive\n\n", b"") == b"data: [DONE]\n\n"
 
 
-async def test_a_store_that_fails_under_a_follower_cuts_its_stream(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path: Any) -> None:
+async def test_a_store_that_fails_under_a_follower_cuts_its_stream(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path: Any, caplog: pytest.LogCaptureFixture
+) -> None:
     """design.md 5.9: once the stream has begun, a store error cuts the connection (the client
-    resumes from the last event it saw), never a 503 written into the stream's body."""
+    resumes from the last event it saw), never a 503 written into the stream's body; the
+    error is logged with the request's id."""
     server = RedisServer(tmp_path)
     server.start()
     try:
@@ -355,6 +358,8 @@ async def test_a_store_that_fails_under_a_follower_cuts_its_stream(upstream: Fak
                     data += piece
         assert b"HTTP/1.1" not in data and b"store_unavailable" not in data
         assert data.startswith(b"event: response.created\n")
+        cuts = [record for record in caplog.records if "the stream is cut short" in record.getMessage()]
+        assert cuts and all(getattr(record, "request_id", "") for record in cuts)
     finally:
         server.stop()
 
