@@ -24,20 +24,16 @@ import orjson
 
 from .config import Background
 from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
-from .responses.translate import ResponseTranslator, encoded_event, usage_object
+from .relay import relay
+from .responses.lifecycle import failed_ending, is_terminal
+from .responses.translate import ResponseTranslator
 from .store import ResponseStore, Runs, StoredResponse
 from .upstream.client import Exchange
 
 log = logging.getLogger("proxy.background")
 
-_TERMINAL = (b"event: response.completed\n", b"event: response.incomplete\n", b"event: response.failed\n")
-_DONE = b"data: [DONE]"
 Record = Callable[[dict[str, Any]], StoredResponse]  # a Response as the record it is kept as
 Post = Callable[[], AbstractAsyncContextManager[Exchange]]  # the upstream request, sent when entered
-
-
-def is_terminal(event: bytes) -> bool:
-    return event.startswith(_TERMINAL)
 
 
 def _stop(run: asyncio.Task[None]) -> None:
@@ -110,13 +106,7 @@ class BackgroundRuns:
         try:
             await events.write(translator.start())
             async with post() as exchange:
-                while not translator.done:
-                    try:
-                        data = await exchange.read_chunk()
-                    except ProxyError as error:
-                        await events.write(translator.fail(error))
-                        break
-                    await events.write(translator.feed(data) if data else translator.finish())
+                await relay(translator, exchange, events)
         except ProxyError as error:  # the upstream refused, or could not be reached
             await events.write(translator.fail(error))
         except asyncio.CancelledError:
@@ -168,17 +158,9 @@ class BackgroundRuns:
     async def _fail_lost(self, kept: StoredResponse, last: int) -> None:
         """End a run whose holder died: from its last kept state, after its last event."""
         response = orjson.loads(bytes(kept.response))
-        for item in response["output"]:
-            if item.get("status") == "in_progress":
-                item["status"] = "incomplete"
-        message = "The worker running this response stopped before it ended."
-        response.update(status="failed", error={"code": "server_error", "message": message}, usage=response["usage"] or usage_object(None))
-        ending = [
-            {"type": "error", "code": "server_error", "message": message, "param": None, "sequence_number": last + 1},
-            {"type": "response.failed", "response": response, "sequence_number": last + 2},
-        ]
+        ending = failed_ending(response, ProxyError("The worker running this response stopped before it ended."), last + 1)
         await self._store.put(msgspec.structs.replace(kept, response=msgspec.Raw(orjson.dumps(response))))
-        await self._store.append(kept.id, [(event["sequence_number"], encoded_event(event)) for event in ending])
+        await self._store.append(kept.id, ending)
         log.warning("response %s: its worker stopped renewing its lease; %s ended it failed", kept.id, self.holder)
 
 
@@ -201,11 +183,12 @@ class _EventLog:
         self._final_kept = False
 
     async def write(self, data: bytes) -> None:
-        events = [event for event in data.split(b"\n\n") if event and event != _DONE]
+        """The relay's sink (`relay.Sink`): it keeps the events one by one, as the translator
+        hands them out (`flushed`), not as the SSE bytes `data` joins them into."""
+        events = self._translator.flushed()
         if not events:
             return
-        first = self._translator.sequence - len(events)
-        self._waiting += [(first + i, event) for i, event in enumerate(events)]
+        self._waiting += events
         if self._translator.response is not None:
             if self._snapshot is not None:
                 self._snapshot.cancel()

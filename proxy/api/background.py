@@ -10,15 +10,11 @@ import orjson
 from aiohttp import web
 
 from ..appkeys import OWNER, RUNTIME
-from ..background import BackgroundRuns, Post, Record, is_terminal
+from ..background import BackgroundRuns, Post, Record
 from ..errors import InvalidRequest
-from ..responses.history import RUNNING
+from ..responses.lifecycle import DONE, RUNNING, is_terminal, running
 from ..responses.translate import ResponseTranslator
 from .common import KEEPALIVE, SSE_HEADERS, cut_short_on_failure, json_response, stored_record
-
-
-def running(response: dict[str, Any]) -> bool:
-    return bool(response.get("background")) and response["status"] in RUNNING
 
 
 def runs_of(request: web.Request) -> BackgroundRuns:
@@ -49,7 +45,7 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
     await response.prepare(request)
     with cut_short_on_failure(request):
         if events is None:
-            await response.write_eof(b"data: [DONE]\n\n")
+            await response.write_eof(DONE)
             return response
         while True:
             if not events:
@@ -58,13 +54,13 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
                 await response.write(KEEPALIVE)
                 await runs.end_if_lost(id, request[OWNER])  # its holder may have died meanwhile
                 if await _ended_by(request, id, after):
-                    await response.write_eof(b"data: [DONE]\n\n")
+                    await response.write_eof(DONE)
                     return response
                 continue
             after = events[-1][0]
             data = b"".join(event + b"\n\n" for _, event in events)
             if is_terminal(events[-1][1]):
-                await response.write_eof(data + b"data: [DONE]\n\n")  # in one write (design.md 4.10)
+                await response.write_eof(data + DONE)  # in one write (design.md 4.10)
                 return response
             await response.write(data)
             events = []

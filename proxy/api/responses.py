@@ -10,10 +10,12 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from prometheus_client import Histogram
 
 from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from ..config import Target
 from ..errors import ProxyError
+from ..relay import relay
 from ..responses.plan import TranslationSettings, plan_call
 from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
@@ -103,18 +105,16 @@ def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:
 async def _stream(
     request: web.Request, translator: ResponseTranslator, exchange: Exchange, started: float, keep: Keep
 ) -> tuple[web.StreamResponse, dict[str, Any] | None]:
-    metrics = request.app[RUNTIME].metrics
+    runtime = request.app[RUNTIME]
+    metrics = runtime.metrics
     response = EventStream()
     await response.prepare(request)
-
-    def first_token() -> None:
-        metrics.first_token.labels(request[MODEL_PATTERN]).observe(time.monotonic() - started)
-
-    runtime = request.app[RUNTIME]
     watch = ClientWatch(request, response, runtime.config.keepalive, exchange.timeouts.client_idle, exchange.deadline)
+    sink = _ClientSink(watch, translator, keep, metrics.first_token.labels(request[MODEL_PATTERN]), started)
     metrics.streams.inc()
     try:
-        whole = await _relay(watch, translator, exchange, first_token, keep)
+        await sink.write(translator.start())
+        whole = await relay(translator, exchange, sink)
     except ConnectionResetError:
         whole = False  # the client left before aiohttp cancelled us; leaving closes the upstream
     finally:
@@ -126,31 +126,27 @@ async def _stream(
     return response, translator.response
 
 
-async def _relay(watch: ClientWatch, translator: ResponseTranslator, exchange: Exchange, first_token: Callable[[], None], keep: Keep) -> bool:
-    """One client write per upstream read, the last with the end of the body, until the
-    terminal event (design.md 4.10). False when the upstream broke off, so there is nothing
-    left to drain."""
-    await watch.write(translator.start())
-    waiting = True
-    while True:
-        try:
-            data = await exchange.read_chunk()
-        except ProxyError as error:
-            events = translator.fail(error)
-            await _keep_finished(translator, keep)
-            await watch.write(events, last=True)
-            return False
-        events = translator.feed(data) if data else translator.finish()
-        finished = translator.response
+class _ClientSink:
+    """A stream's client as the relay's sink: one write per upstream read, the last with the
+    end of the body (design.md 4.10), the finished response kept before it (9.2)."""
+
+    __slots__ = ("_watch", "_translator", "_keep", "_first_token", "_started")
+
+    def __init__(self, watch: ClientWatch, translator: ResponseTranslator, keep: Keep, first_token: Histogram | None, started: float) -> None:
+        self._watch = watch
+        self._translator = translator
+        self._keep = keep
+        self._first_token = first_token  # observed once, then None
+        self._started = started
+
+    async def write(self, events: bytes) -> None:
+        finished = self._translator.response
         if finished is not None:
-            await keep(finished)
-        if events or finished is not None:
-            await watch.write(events, last=finished is not None)
-        if waiting and translator.generating:
-            waiting = False
-            first_token()
-        if finished is not None:
-            return True
+            await self._keep(finished)
+        await self._watch.write(events, last=finished is not None)
+        if self._first_token is not None and self._translator.generating:
+            self._first_token.observe(time.monotonic() - self._started)
+            self._first_token = None
 
 
 def _log_failure(request: web.Request, translator: ResponseTranslator) -> None:
@@ -160,11 +156,6 @@ def _log_failure(request: web.Request, translator: ResponseTranslator) -> None:
         log.warning("%s %s: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
 
 
-async def _keep_finished(translator: ResponseTranslator, keep: Keep) -> None:
-    if translator.response is not None:
-        await keep(translator.response)
-
-
 async def _failed_stream(
     request: web.Request, translator: ResponseTranslator, error: ProxyError, keep: Keep
 ) -> tuple[web.StreamResponse, dict[str, Any] | None]:
@@ -172,6 +163,7 @@ async def _failed_stream(
     response = EventStream()
     await response.prepare(request)
     events = translator.start() + translator.fail(error)
-    await _keep_finished(translator, keep)
+    if translator.response is not None:
+        await keep(translator.response)
     await response.write_eof(events)
     return response, translator.response

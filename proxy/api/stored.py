@@ -14,8 +14,8 @@ from ..appkeys import OWNER, RUNTIME
 from ..background import Record
 from ..errors import InvalidRequest, NotFound
 from ..responses import history
+from ..responses.lifecycle import new_id, running
 from ..responses.schema import CreateResponse
-from ..responses.translate import new_id
 from ..store import StoredResponse
 from . import background
 from .common import json_response, store_of, stored_record
@@ -110,7 +110,7 @@ async def delete(request: web.Request) -> web.Response:
     id = request.match_info["id"]
     record = await stored_record(request, id)
     response = await background.current(request, orjson.loads(bytes(record.response)))
-    if background.running(response) and await background.ended(request, response) is None:
+    if running(response) and await background.ended(request, response) is None:
         raise InvalidRequest("The response is still running: it was asked to stop; delete it once it has.", param="response_id")
     if not await store_of(request).delete(id, request[OWNER]):
         raise NotFound(f"No response with id '{id}'.", param="response_id")

@@ -11,11 +11,10 @@ import msgspec
 import orjson
 
 from ..errors import InvalidRequest
+from .lifecycle import RUNNING, IdSource
 from .logprobs import INCLUDE_LOGPROBS
 from .schema import CreateResponse, ItemReference, parse_items, typed_item
-from .translate import IdSource
 
-RUNNING = ("queued", "in_progress")  # a background response's statuses until it ends (design.md 10.1)
 # The prefix of the id an input item gets when its client sent none, by its type.
 _ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc", "reasoning": "rs"}
 

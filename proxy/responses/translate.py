@@ -15,9 +15,7 @@ item (design.md 7.3).
 
 from __future__ import annotations
 
-import os
 import time
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -25,23 +23,14 @@ import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
 from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error
+from .lifecycle import DONE, INCOMPLETE_REASONS, TERMINAL_EVENTS, Clock, IdSource, encoded_event, error_event, new_id, response_error, usage_object
 from .logprobs import ScoreBuffer
 from .plan import Call
 from .sse import DEFAULT_MAX_EVENT, SSEDecoder
 from .tools import ToolRef, custom_input
 
-_INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
-_SSE_DONE = b"data: [DONE]\n\n"
 _UNNAMED = ToolRef("")
 _NAMELESS_CALL = "the upstream sent a tool call without a name"
-
-
-IdSource = Callable[[str], str]  # prefix -> a new unique id with that prefix
-Clock = Callable[[], float]  # seconds since the epoch
-
-
-def new_id(prefix: str) -> str:
-    return f"{prefix}_{os.urandom(16).hex()}"
 
 
 class _OpenItem:
@@ -91,6 +80,7 @@ class ResponseTranslator:
         self._created_at = int(clock())
         self._sse = SSEDecoder(max_event)
         self._events: list[bytes] = []
+        self._flushed: list[bytes] = []  # the events of the last output
         self._sequence = 0
         self._output: list[dict[str, Any]] = []
         self._current: _OpenItem | None = None  # the open reasoning, tool call or refusal item
@@ -114,10 +104,12 @@ class ResponseTranslator:
         """Whether a generated token has been translated yet."""
         return self._generating is not None
 
-    @property
-    def sequence(self) -> int:
-        """The sequence number the next event gets."""
-        return self._sequence
+    def flushed(self) -> list[tuple[int, bytes]]:
+        """The events of the last output, each under its sequence number and without the blank
+        line that ends it: what an event log keeps (design.md 10.2)."""
+        events = self._flushed
+        first = self._sequence - len(events)
+        return [(first + i, event[:-2]) for i, event in enumerate(events)]
 
     def progress(self) -> dict[str, Any]:
         """The response as it stands, its open items with what they hold so far: what a
@@ -183,7 +175,7 @@ class ResponseTranslator:
         `incomplete`, and the response ends `cancelled`, with no error."""
         if not self.done:
             self._close_all(None, "incomplete")
-            self._terminate("response.failed", "cancelled")
+            self._terminate("cancelled")
         return self._flush()
 
     def complete(self, body: bytes) -> dict[str, Any]:
@@ -438,12 +430,12 @@ class ResponseTranslator:
             return
         if reason == "tool_calls" and self._cut_at_token_limit():
             reason = "length"
-        incomplete = _INCOMPLETE_REASONS.get(reason)
+        incomplete = INCOMPLETE_REASONS.get(reason)
         self._close_all(self._generating if incomplete else None, "completed")
         if incomplete:
-            self._terminate("response.incomplete", "incomplete", incomplete_details={"reason": incomplete})
+            self._terminate("incomplete", incomplete_details={"reason": incomplete})
         else:
-            self._terminate("response.completed", "completed", completed_at=int(self._clock()))
+            self._terminate("completed", completed_at=int(self._clock()))
 
     def _cut_at_token_limit(self) -> bool:
         """Whether the tool call being generated was cut by the token limit, which vLLM reports
@@ -464,17 +456,15 @@ class ResponseTranslator:
         self._close_all(None, "incomplete")
         self.error = error  # as it was, for the log
         shown = error.for_client(self._request_id)
-        self._emit("error", code=shown.code, message=shown.message, param=shown.param)
-        self._terminate("response.failed", "failed", error={"code": shown.response_code, "message": shown.message})
+        self._emit("error", **error_event(shown))
+        self._terminate("failed", error=response_error(shown))
 
-    def _terminate(self, event: str, status: str, **fields: Any) -> None:
+    def _terminate(self, status: str, **fields: Any) -> None:
         response = self._snapshot(status)
         response.update(fields)
         response["usage"] = usage_object(self._usage)
         self.response = response
-        self._emit(event, response=response)
-        if self._streaming:
-            self._events.append(_SSE_DONE)
+        self._emit(TERMINAL_EVENTS[status], response=response)
 
     # -- building events -------------------------------------------------------------------
 
@@ -540,27 +530,9 @@ class ResponseTranslator:
         self._events.append(encoded_event(fields) + b"\n\n")
 
     def _flush(self) -> bytes:
-        data = b"".join(self._events)
-        self._events.clear()
-        return data
+        """The events made since the last flush as SSE, and `[DONE]` after the terminal event."""
+        events = self._flushed = self._events
+        self._events = []
+        data = b"".join(events)
+        return data + DONE if events and self.response is not None and self._streaming else data
 
-
-def encoded_event(fields: dict[str, Any]) -> bytes:
-    """An event as SSE, but for the blank line that ends it (design.md 4.1)."""
-    return b"event: " + str(fields["type"]).encode() + b"\ndata: " + orjson.dumps(fields)
-
-
-def usage_object(usage: Usage | None) -> dict[str, Any]:
-    """A Response's `usage`: all zeros where the upstream reported none (design.md 5.1)."""
-    usage = usage or Usage()
-    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
-    details = usage.completion_tokens_details
-    reasoning = details.reasoning_tokens if details and details.reasoning_tokens is not None else usage.reasoning_tokens
-    input_tokens, output_tokens = usage.prompt_tokens or 0, usage.completion_tokens or 0
-    return {
-        "input_tokens": input_tokens,
-        "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
-        "output_tokens": output_tokens,
-        "output_tokens_details": {"reasoning_tokens": reasoning or 0},
-        "total_tokens": input_tokens + output_tokens,
-    }

@@ -1,0 +1,94 @@
+"""A Response's lifecycle, in one place: its statuses, the events that end it, the end of a
+stream, its ids, its usage object and how a failure reads in it (design.md 4.1-4.3, 4.7, 5.1).
+
+Everything that starts, follows or ends a Response (the translator, background runs, stored
+responses) asks this module, so that a status or a terminal event is spelled once.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from typing import Any
+
+import orjson
+
+from ..errors import ProxyError
+from .chat import Usage
+
+RUNNING = ("queued", "in_progress")  # a background response's statuses until it ends (design.md 10.1)
+# A status a Response ends in, and the event that carries it: the API has no
+# `response.cancelled`, a cancelled response ends with `response.failed` (design.md 10.3).
+TERMINAL_EVENTS = {
+    "completed": "response.completed",
+    "incomplete": "response.incomplete",
+    "failed": "response.failed",
+    "cancelled": "response.failed",
+}
+# The finish reasons that end a Response `incomplete`, and the reason it then gives (design.md 4.3).
+INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
+DONE = b"data: [DONE]\n\n"  # what ends every stream of events (design.md 4.1)
+_TERMINAL_HEADS = tuple(f"event: {event}\n".encode() for event in sorted(set(TERMINAL_EVENTS.values())))
+
+IdSource = Callable[[str], str]  # prefix -> a new unique id with that prefix
+Clock = Callable[[], float]  # seconds since the epoch
+
+
+def new_id(prefix: str) -> str:
+    return f"{prefix}_{os.urandom(16).hex()}"
+
+
+def running(response: dict[str, Any]) -> bool:
+    """Whether a background response is still running (a foreground one is kept once ended)."""
+    return bool(response.get("background")) and response["status"] in RUNNING
+
+
+def is_terminal(event: bytes) -> bool:
+    """Whether an encoded event (`encoded_event`) is the one that ends its Response."""
+    return event.startswith(_TERMINAL_HEADS)
+
+
+def encoded_event(fields: dict[str, Any]) -> bytes:
+    """An event as SSE, but for the blank line that ends it (design.md 4.1): the form an event
+    log keeps it in."""
+    return b"event: " + str(fields["type"]).encode() + b"\ndata: " + orjson.dumps(fields)
+
+
+def usage_object(usage: Usage | None) -> dict[str, Any]:
+    """A Response's `usage`: all zeros where the upstream reported none (design.md 5.1)."""
+    usage = usage or Usage()
+    cached = usage.prompt_tokens_details.cached_tokens if usage.prompt_tokens_details else None
+    details = usage.completion_tokens_details
+    reasoning = details.reasoning_tokens if details and details.reasoning_tokens is not None else usage.reasoning_tokens
+    input_tokens, output_tokens = usage.prompt_tokens or 0, usage.completion_tokens or 0
+    return {
+        "input_tokens": input_tokens,
+        "input_tokens_details": {"cached_tokens": cached or 0, "cache_write_tokens": 0},
+        "output_tokens": output_tokens,
+        "output_tokens_details": {"reasoning_tokens": reasoning or 0},
+        "total_tokens": input_tokens + output_tokens,
+    }
+
+
+def error_event(error: ProxyError) -> dict[str, Any]:
+    """The fields of the `error` event before `response.failed`, in the SDK's flat shape
+    (design.md 4.7): the precise code."""
+    return {"code": error.code, "message": error.message, "param": error.param}
+
+
+def response_error(error: ProxyError) -> dict[str, Any]:
+    """A failed Response's `error`, whose code takes only the API's own values (design.md 5.6)."""
+    return {"code": error.response_code, "message": error.message}
+
+
+def failed_ending(response: dict[str, Any], error: ProxyError, first: int) -> list[tuple[int, bytes]]:
+    """End a Response that stopped without its translator (its run was lost, design.md 10.4):
+    its open items `incomplete`, then the events of a failure numbered from `first`, as the
+    translator ends a failed stream (`error`, then `response.failed`). `response` is changed
+    into the failed Response."""
+    for item in response["output"]:
+        if item.get("status") == "in_progress":
+            item["status"] = "incomplete"
+    response.update(status="failed", error=response_error(error), usage=response["usage"] or usage_object(None))
+    ending = [{"type": "error", **error_event(error)}, {"type": TERMINAL_EVENTS["failed"], "response": response}]
+    return [(first + i, encoded_event({**event, "sequence_number": first + i})) for i, event in enumerate(ending)]
