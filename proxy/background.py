@@ -27,12 +27,12 @@ from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyReq
 from .relay import relay
 from .responses.lifecycle import failed_ending, is_terminal
 from .responses.translate import ResponseTranslator
-from .store import ResponseStore, Runs, StoredResponse
+from .store import CapReached, ResponseStore, Runs, StoredResponse
 from .upstream.client import Exchange
 
 log = logging.getLogger("proxy.background")
 
-Record = Callable[[dict[str, Any]], StoredResponse]  # a Response as the record it is kept as
+AsStored = Callable[[dict[str, Any]], StoredResponse]  # a Response as it is kept
 Post = Callable[[], AbstractAsyncContextManager[Exchange]]  # the upstream request, sent when entered
 
 
@@ -55,7 +55,7 @@ class BackgroundRuns:
         self._stopping = False
         self.sweeper = asyncio.create_task(self._sweep())  # lives as long as the process
 
-    async def start(self, translator: ResponseTranslator, record: Record, owner: str, post: Post) -> dict[str, Any]:
+    async def start(self, translator: ResponseTranslator, as_stored: AsStored, owner: str, post: Post) -> dict[str, Any]:
         """Take the lease within the caps (in all, and for this key: design.md 10.5), keep the
         queued response, run it; the queued response."""
         queued = translator.progress()
@@ -63,21 +63,23 @@ class BackgroundRuns:
         limits = self._settings
         # Without API keys every request is nobody's (owner ""): only the cap of all counts.
         per_key = limits.max_running_per_key if owner else limits.max_running
-        found = await self._store.claim(id, owner, self.holder, limits.lease, Runs(limits.max_running, per_key))
-        if found is not None:
+        try:
+            await self._store.claim(id, owner, self.holder, limits.lease, Runs(limits.max_running, per_key))
+        except CapReached as reached:
+            found = reached.running
             running = (
                 f"{found.mine} background responses of this key and {found.total} in all are running (limits: {per_key} a key, {limits.max_running} in all)"
                 if owner
                 else f"{found.total} background responses are running (limit: {limits.max_running})"
             )
-            raise TooManyRequests(f"{running}; wait for one to end.")
+            raise TooManyRequests(f"{running}; wait for one to end.") from None
         try:
-            await self._store.put(record(queued))
+            await self._store.put(as_stored(queued))
         except BaseException:  # the store failed, or the request was cancelled meanwhile
             with contextlib.suppress(StoreUnavailable):
                 await self._store.release(id)
             raise
-        self._runs[id] = asyncio.create_task(self._run(id, translator, record, post))
+        self._runs[id] = asyncio.create_task(self._run(id, translator, as_stored, post))
         self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
         return queued
 
@@ -98,8 +100,8 @@ class BackgroundRuns:
         if self._runs:
             await asyncio.wait(self._runs.values(), timeout=linger)
 
-    async def _run(self, id: str, translator: ResponseTranslator, record: Record, post: Post) -> None:
-        events = _EventLog(self._store, id, translator, record, self._settings.snapshot_interval)
+    async def _run(self, id: str, translator: ResponseTranslator, as_stored: AsStored, post: Post) -> None:
+        events = _EventLog(self._store, id, translator, as_stored, self._settings.snapshot_interval)
         run = asyncio.current_task()
         assert run is not None
         keeper = asyncio.create_task(self._keep_lease(id, run))
@@ -170,11 +172,11 @@ class _EventLog:
     before the terminal event, so that whoever sees that event reads it final. Events the store
     could not take wait for the next write: a store that comes back gets them all, in order."""
 
-    def __init__(self, store: ResponseStore, id: str, translator: ResponseTranslator, record: Record, interval: float) -> None:
+    def __init__(self, store: ResponseStore, id: str, translator: ResponseTranslator, as_stored: AsStored, interval: float) -> None:
         self._store = store
         self._id = id
         self._translator = translator
-        self._record = record
+        self._as_stored = as_stored
         self._interval = interval
         self._loop = asyncio.get_running_loop()
         self._snapshot_at = self._loop.time()
@@ -211,7 +213,7 @@ class _EventLog:
         all of it is kept."""
         final = self._translator.response
         if final is not None and not self._final_kept:
-            self._final_kept = await self._store.save(self._record(final))
+            self._final_kept = await self._store.save(self._as_stored(final))
             if not self._final_kept:
                 return False
         if self._waiting:
@@ -227,4 +229,4 @@ class _EventLog:
         run that goes quiet still leaves its latest state (10.4 ends it from there)."""
         await asyncio.sleep(self._snapshot_at + self._interval - self._loop.time())
         self._snapshot_at = self._loop.time()
-        await self._store.save(self._record(self._translator.progress()), items=False)
+        await self._store.save(self._as_stored(self._translator.progress()), items=False)

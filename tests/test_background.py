@@ -481,7 +481,7 @@ async def test_a_stream_followed_where_it_runs_needs_no_poll(
     """SQLite cannot wake a reader in another process, so such a reader polls; a reader in the
     process that runs the response is woken by each append. With a poll of a minute, a
     stream of 30 events still ends at once."""
-    monkeypatch.setattr("proxy.store.sqlite.POLL", 60.0)
+    monkeypatch.setattr("proxy.store.POLL", 60.0)
     url = await start_proxy(replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}))
     gen = slow_text()
     upstream.script(Reply(gen, delay=0.01))

@@ -10,11 +10,11 @@ import orjson
 from aiohttp import web
 
 from ..appkeys import OWNER, RUNTIME
-from ..background import BackgroundRuns, Post, Record
+from ..background import AsStored, BackgroundRuns, Post
 from ..errors import InvalidRequest
 from ..responses.lifecycle import DONE, RUNNING, is_terminal, running
 from ..responses.translate import ResponseTranslator
-from .common import KEEPALIVE, SSE_HEADERS, cut_short_on_failure, json_response, stored_record
+from .common import KEEPALIVE, SSE_HEADERS, cut_short_on_failure, find_stored, json_response
 
 
 def runs_of(request: web.Request) -> BackgroundRuns:
@@ -24,12 +24,12 @@ def runs_of(request: web.Request) -> BackgroundRuns:
     return runs
 
 
-async def start(request: web.Request, translator: ResponseTranslator, record: Record | None, post: Post, *, stream: bool) -> web.StreamResponse:
-    """`record`: how the response is kept; None for one that is not (`store: false`)."""
+async def start(request: web.Request, translator: ResponseTranslator, as_stored: AsStored | None, post: Post, *, stream: bool) -> web.StreamResponse:
+    """`as_stored`: how the response is kept; None for one that is not (`store: false`)."""
     runs = runs_of(request)
-    if record is None:
+    if as_stored is None:
         raise InvalidRequest("A background response is stored: it cannot have store: false.", param="store")
-    queued = await runs.start(translator, record, request[OWNER], post)
+    queued = await runs.start(translator, as_stored, request[OWNER], post)
     return await follow(request, queued["id"], -1) if stream else json_response(queued)
 
 
@@ -95,7 +95,7 @@ async def _ended_by(request: web.Request, id: str, after: int) -> bool:
     return bool(made) and made[-1][0] <= after and is_terminal(made[-1][1])
 
 
-async def ended(request: web.Request, response: dict[str, Any]) -> dict[str, Any] | None:
+async def cancel_and_wait(request: web.Request, response: dict[str, Any]) -> dict[str, Any] | None:
     """Cancel a running background response and wait, up to a lease, for its run to end
     (design.md 10.3): the Response as it ended, its terminal event kept; None if it did not end
     in time."""
@@ -135,9 +135,9 @@ async def cancel(request: web.Request) -> web.Response:
     if status in ("completed", "failed", "incomplete"):
         raise InvalidRequest(f"Cannot cancel a response that is already {status}.", param="response_id")
     if status != "cancelled":
-        response = await ended(request, response) or await _reread(request, response["id"])
+        response = await cancel_and_wait(request, response) or await _reread(request, response["id"])
     return json_response(response)
 
 
 async def _reread(request: web.Request, id: str) -> dict[str, Any]:
-    return dict(orjson.loads(bytes((await stored_record(request, id)).response)))
+    return dict(orjson.loads(bytes((await find_stored(request, id)).response)))

@@ -161,12 +161,12 @@ def store_of(request: web.Request) -> ResponseStore:
     return store
 
 
-async def stored_record(request: web.Request, id: str) -> StoredResponse:
+async def find_stored(request: web.Request, id: str) -> StoredResponse:
     """A stored response of the request's key; anyone else's is as unknown (design.md 9.5)."""
-    record = await store_of(request).get(id, request[OWNER])
-    if record is None:
+    stored = await store_of(request).get(id, request[OWNER])
+    if stored is None:
         raise NotFound(f"No response with id '{id}'.", param="response_id")
-    return record
+    return stored
 
 
 def json_response(data: Any) -> web.Response:

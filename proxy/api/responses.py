@@ -23,7 +23,7 @@ from ..responses.translate import ResponseTranslator
 from ..upstream.client import Exchange
 from . import background
 from .common import ClientWatch, EventStream, find_target, load_json, read_body, upstream_headers
-from .stored import read_history, recorder
+from .stored import read_history, stored_form
 
 CHAT_PATH = "/v1/chat/completions"
 # Keeps a finished response before its last event leaves, so that a client that chains at once
@@ -46,11 +46,11 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
     _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
 
-    record = recorder(request, data, past) if stored else None
+    as_stored = stored_form(request, data, past) if stored else None
 
     async def keep(response: dict[str, Any]) -> None:
-        if store is not None and record is not None:
-            await store.save(record(response))
+        if store is not None and as_stored is not None:
+            await store.save(as_stored(response))
 
     # A background run keeps its events even when its client asked for none (design.md 10.2).
     streaming = call.stream or call.background
@@ -59,7 +59,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         return client.post(CHAT_PATH, call.chat, upstream_headers(request))
 
     if call.background:
-        return await background.start(request, translator, record, post, stream=call.stream)
+        return await background.start(request, translator, as_stored, post, stream=call.stream)
     try:
         async with post() as exchange:
             if call.stream:

@@ -11,14 +11,14 @@ import orjson
 from aiohttp import web
 
 from ..appkeys import OWNER, RUNTIME
-from ..background import Record
+from ..background import AsStored
 from ..errors import InvalidRequest, NotFound
 from ..responses import history
 from ..responses.lifecycle import new_id, running
 from ..responses.schema import CreateResponse
 from ..store import StoredResponse
 from . import background
-from .common import json_response, store_of, stored_record
+from .common import find_stored, json_response, store_of
 
 # OpenAI's code for a previous response it does not know (design.md 9.4).
 _NOT_FOUND = "previous_response_not_found"
@@ -29,7 +29,7 @@ class History:
     """What a request's own input leans on: the chain before it and the items it references."""
 
     request: CreateResponse  # with its input expanded: the chain's items, then its own
-    ancestors: list[str]  # for the record of its response
+    ancestors: list[str]  # kept with its response
     referenced: dict[str, dict[str, Any]]
 
 
@@ -45,7 +45,7 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
         raise InvalidRequest("This proxy keeps no responses (store: none): nothing to continue or refer to.", param=param)
     owner = request[OWNER]
     ancestors: list[str] = []
-    records: list[StoredResponse] = []
+    chain: list[StoredResponse] = []
     if previous_id is not None:
         previous = await store.get(previous_id, owner)
         if previous is None:
@@ -55,19 +55,19 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
         missing = [id for id in previous.ancestors if id not in found]
         if missing:
             raise InvalidRequest(f"The response '{missing[-1]}' of this chain is no longer stored.", param="previous_response_id", code=_NOT_FOUND)
-        records = [*(found[id] for id in previous.ancestors), previous]
+        chain = [*(found[id] for id in previous.ancestors), previous]
     referenced = {id: orjson.loads(item) for id, item in (await store.items(wanted, owner) if wanted else {}).items()}
-    chain = history.chain_items([(bytes(record.input_items), bytes(record.response)) for record in records])
-    return History(history.expand(parsed, chain, referenced), ancestors, referenced)
+    items = history.chain_items([(bytes(stored.input_items), bytes(stored.response)) for stored in chain])
+    return History(history.expand(parsed, items, referenced), ancestors, referenced)
 
 
-def recorder(request: web.Request, data: dict[str, Any], past: History) -> Record:
-    """How a request's response is kept: its input items encoded once, so that every record of
+def stored_form(request: web.Request, data: dict[str, Any], past: History) -> AsStored:
+    """How a request's response is kept: its input items encoded once, so that every copy of
     a response kept while it runs (design.md 10.2) names them by the same ids."""
     input_items = msgspec.Raw(orjson.dumps(history.stored_input(data["input"], past.referenced, new_id)))
     owner = request[OWNER]
 
-    def record(response: dict[str, Any]) -> StoredResponse:
+    def as_stored(response: dict[str, Any]) -> StoredResponse:
         return StoredResponse(
             id=response["id"],
             owner=owner,
@@ -78,7 +78,7 @@ def recorder(request: web.Request, data: dict[str, Any], past: History) -> Recor
             referenced=list(past.referenced),
         )
 
-    return record
+    return as_stored
 
 
 def _include(request: web.Request) -> list[str]:
@@ -89,8 +89,8 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     """The response as it stands, or (`stream=true`, a background response) its events past
     `starting_after`, then the live ones (design.md 10.2)."""
     id = request.match_info["id"]
-    record = await stored_record(request, id)
-    response = await background.current(request, orjson.loads(bytes(record.response)))
+    stored = await find_stored(request, id)
+    response = await background.current(request, orjson.loads(bytes(stored.response)))
     if request.query.get("stream", "false").lower() != "true":
         return json_response(history.shown(response, _include(request)))
     if not response.get("background"):
@@ -108,9 +108,9 @@ async def delete(request: web.Request) -> web.Response:
     """A running background response is cancelled first (design.md 9.3): its run would keep
     the response it makes, again, after it was forgotten."""
     id = request.match_info["id"]
-    record = await stored_record(request, id)
-    response = await background.current(request, orjson.loads(bytes(record.response)))
-    if running(response) and await background.ended(request, response) is None:
+    stored = await find_stored(request, id)
+    response = await background.current(request, orjson.loads(bytes(stored.response)))
+    if running(response) and await background.cancel_and_wait(request, response) is None:
         raise InvalidRequest("The response is still running: it was asked to stop; delete it once it has.", param="response_id")
     if not await store_of(request).delete(id, request[OWNER]):
         raise NotFound(f"No response with id '{id}'.", param="response_id")
@@ -118,7 +118,7 @@ async def delete(request: web.Request) -> web.Response:
 
 
 async def input_items(request: web.Request) -> web.Response:
-    record = await stored_record(request, request.match_info["id"])
+    stored = await find_stored(request, request.match_info["id"])
     query = request.query
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
@@ -129,5 +129,5 @@ async def input_items(request: web.Request) -> web.Response:
         limit = 0
     if not 1 <= limit <= 100:
         raise InvalidRequest("'limit' must be an integer from 1 to 100.", param="limit")
-    items = orjson.loads(bytes(record.input_items))
+    items = orjson.loads(bytes(stored.input_items))
     return json_response(history.page(items, order=order, after=query.get("after"), before=query.get("before"), limit=limit))

@@ -10,7 +10,7 @@ from typing import cast
 import msgspec
 from redis.asyncio import Redis
 
-from . import POLL, KeptHere, Renewal, Runs, StoredResponse, decode_record, encode_record, record_items
+from .backend import Claim, Event, Renewal, Runs, StoredResponse, decode_stored, encode_stored, referable_items
 
 # A run's lease lives in a sorted set (score: when it ends) and its owner, holder and cancel flag
 # in a hash; claiming within the caps, renewing and taking over read and write them in one step.
@@ -24,12 +24,12 @@ for _, id in ipairs(running) do
   end
 end
 if #running >= tonumber(ARGV[7]) or mine >= tonumber(ARGV[8]) then
-  return {#running, mine}
+  return {0, #running, mine}
 end
 redis.call('HSET', KEYS[2], 'owner', ARGV[4], 'holder', ARGV[5], 'cancel', '0')
 redis.call('EXPIRE', KEYS[2], ARGV[6])
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[1])
-return {}
+return {1, #running, mine}
 """
 _RENEW = """
 local held = 0
@@ -91,6 +91,9 @@ _decode_entry = msgspec.json.Decoder(_ItemEntry).decode
 
 
 class RedisBackend:
+    """Records, event log and leases (`backend.Backend`) on one Redis server. A read of events
+    blocks on the stream, so an append on any replica wakes it."""
+
     def __init__(self, url: str, prefix: str, ttl: float, max_responses: int, timeout: float) -> None:
         # No socket timeout: every operation is bounded by the store's own (design.md 9.1), a
         # blocking read of a background response's events by its wait as well, and redis-py
@@ -105,7 +108,6 @@ class RedisBackend:
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
-        self.here = KeptHere()
 
     def _response_key(self, id: str) -> str:
         return f"{self._prefix}response:{id}"
@@ -127,11 +129,11 @@ class RedisBackend:
     def _run_key(self, id: str) -> str:
         return f"{self._prefix}run:{id}"
 
-    async def put(self, record: StoredResponse, items: bool) -> None:
-        found = record_items(record) if items else []
-        keys = [self._response_key(record.id), self._index, *(self._item_key(record.owner, item_id) for item_id, _ in found)]
-        entries = (_encode_entry(_ItemEntry(record.id, msgspec.Raw(item))) for _, item in found)
-        await self._put(keys=keys, args=[encode_record(record), self._ttl, record.created_at, record.id, *entries])
+    async def put(self, stored: StoredResponse, items: bool) -> None:
+        found = referable_items(stored) if items else []
+        keys = [self._response_key(stored.id), self._index, *(self._item_key(stored.owner, item_id) for item_id, _ in found)]
+        entries = (_encode_entry(_ItemEntry(stored.id, msgspec.Raw(item))) for _, item in found)
+        await self._put(keys=keys, args=[encode_stored(stored), self._ttl, stored.created_at, stored.id, *entries])
 
     async def sweep(self) -> None:
         """Redis expires keys itself: the oldest responses past the size bound go, with their items."""
@@ -142,8 +144,8 @@ class RedisBackend:
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         found = await self._redis.mget([self._response_key(id) for id in ids])
-        records = [decode_record(data) for data in found if data is not None]
-        return {record.id: record for record in records if record.owner == owner}
+        kept = [decode_stored(data) for data in found if data is not None]
+        return {stored.id: stored for stored in kept if stored.owner == owner}
 
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         found = await self._redis.mget([self._item_key(owner, id) for id in ids])
@@ -155,10 +157,10 @@ class RedisBackend:
     async def _remove(self, id: str, owner: str | None) -> bool:
         """Delete a response (only `owner`'s, when given) and the items that still name it."""
         data = await self._redis.get(self._response_key(id))
-        record = None if data is None else decode_record(data)
-        if record is None or (owner is not None and record.owner != owner):
+        stored = None if data is None else decode_stored(data)
+        if stored is None or (owner is not None and stored.owner != owner):
             return False
-        keys = [self._item_key(record.owner, item_id) for item_id, _ in record_items(record)]
+        keys = [self._item_key(stored.owner, item_id) for item_id, _ in referable_items(stored)]
         entries = await self._redis.mget(keys) if keys else []
         # An item id a later response repeated (a client's own input id) now names that one.
         mine = [key for key, entry in zip(keys, entries, strict=True) if entry is not None and _decode_entry(entry).response_id == id]
@@ -166,19 +168,10 @@ class RedisBackend:
         await self._redis.zrem(self._index, id)
         return True
 
-    async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
+    async def append(self, id: str, events: list[Event]) -> None:
         await self._append(keys=[self._events_key(id)], args=[self._ttl, *(part for seq, event in events for part in (seq, event))])
 
-    async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
-        deadline = time.monotonic() + wait
-        # A run here: its batches, unread; the store holds what was not kept here, for one who cannot wait.
-        while wait > 0 and (found := self.here.after(id, after)) is not None:
-            left = deadline - time.monotonic()
-            if found or left <= 0:
-                return found
-            if not await self.here.next(id, min(POLL, left)):
-                break
-        wait = deadline - time.monotonic()
+    async def read(self, id: str, after: int, wait: float) -> list[Event]:
         key = self._events_key(id)
         if wait <= 0:
             entries = cast(_Entries, await self._redis.xrange(key, min=f"({_stream_id(after)}"))
@@ -187,12 +180,12 @@ class RedisBackend:
             entries = streams[0][1] if streams else []
         return [(int(entry_id.decode().split("-")[1]) - 1, fields[b"e"]) for entry_id, fields in entries]
 
-    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
+    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Claim:
         now = time.time()
-        found = await self._claim(
+        taken, total, mine = await self._claim(
             keys=[self._runs, self._run_key(id)], args=[id, now, now + lease, owner, holder, self._ttl, caps.total, caps.mine, self._run_key("")]
         )
-        return Runs(int(found[0]), int(found[1])) if found else None
+        return Claim(taken=bool(taken), running=Runs(int(total), int(mine)))
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         held, cancel = await self._renew(keys=[self._runs, self._run_key(id)], args=[id, holder, time.time() + lease])

@@ -11,7 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from . import POLL, KeptHere, Renewal, Runs, StoredResponse, decode_record, encode_record, record_items
+from .backend import Claim, Event, Renewal, Runs, StoredResponse, decode_stored, encode_stored, referable_items
 
 T = TypeVar("T")
 
@@ -54,17 +54,19 @@ def _use_wal(db: sqlite3.Connection) -> None:
 
 
 class SQLiteBackend:
+    """Records, event log and leases (`backend.Backend`) in one file. It cannot wake a reader in
+    another process: `read` answers at once, and a reader polls."""
+
     def __init__(self, path: str, ttl: float, max_responses: int) -> None:
         self._path = path
         self._ttl = ttl
         self._max = max_responses
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
-        self.here = KeptHere()
-        self._appends: list[tuple[str, list[tuple[int, bytes]], asyncio.Future[None]]] = []  # for the next transaction
+        self._appends: list[tuple[str, list[Event], asyncio.Future[None]]] = []  # for the next transaction
 
-    async def put(self, record: StoredResponse, items: bool) -> None:
-        await self._run(self._put, record, items)
+    async def put(self, stored: StoredResponse, items: bool) -> None:
+        await self._run(self._put, stored, items)
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         return await self._run(self._get, ids, owner)
@@ -79,7 +81,7 @@ class SQLiteBackend:
         await self._run(self._close)
         self._thread.shutdown()
 
-    async def append(self, id: str, events: list[tuple[int, bytes]]) -> None:
+    async def append(self, id: str, events: list[Event]) -> None:
         loop = asyncio.get_running_loop()
         written = loop.create_future()
         if not self._appends:
@@ -111,20 +113,10 @@ class SQLiteBackend:
             job.set_exception(error)
         job.add_done_callback(settle)
 
-    async def events(self, id: str, after: int, wait: float) -> list[tuple[int, bytes]]:
-        deadline = time.monotonic() + wait
-        quiet = wait <= 0  # the file may hold what was not kept here: read it, for one who cannot wait
-        while True:
-            found = None if quiet else self.here.after(id, after)
-            if found is None:
-                # What the file lacks may have been kept here while it was read.
-                found = await self._run(self._events, id, after) or self.here.after(id, after) or []
-            left = deadline - time.monotonic()
-            if found or left <= 0:
-                return found
-            quiet = not await self.here.next(id, min(POLL, left))
+    async def read(self, id: str, after: int, wait: float) -> list[Event]:
+        return await self._run(self._events, id, after)
 
-    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
+    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Claim:
         return await self._run(self._claim, id, owner, holder, lease, caps)
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
@@ -159,18 +151,18 @@ class SQLiteBackend:
             self._db = db
         return self._db
 
-    def _put(self, record: StoredResponse, items: bool) -> None:
+    def _put(self, stored: StoredResponse, items: bool) -> None:
         db = self._connection()
         expires = time.time() + self._ttl
         with db:  # one transaction: a response is kept whole or not at all
             db.execute("BEGIN IMMEDIATE")
             db.execute(
                 "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, record) VALUES (?, ?, ?, ?, ?)",
-                (record.id, record.owner, record.created_at, expires, encode_record(record)),
+                (stored.id, stored.owner, stored.created_at, expires, encode_stored(stored)),
             )
             db.executemany(
                 "INSERT OR REPLACE INTO items (owner, id, response_id, expires_at, item) VALUES (?, ?, ?, ?, ?)",
-                [(record.owner, item_id, record.id, expires, item) for item_id, item in record_items(record)] if items else [],
+                [(stored.owner, item_id, stored.id, expires, item) for item_id, item in referable_items(stored)] if items else [],
             )
 
     async def sweep(self) -> None:
@@ -192,8 +184,8 @@ class SQLiteBackend:
         rows = self._connection().execute(
             f"SELECT record FROM responses WHERE id IN ({marks}) AND owner = ? AND expires_at >= ?", (*ids, owner, time.time())
         )
-        records = [decode_record(row[0]) for row in rows]
-        return {record.id: record for record in records}
+        found = [decode_stored(row[0]) for row in rows]
+        return {stored.id: stored for stored in found}
 
     def _items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         marks = ",".join("?" * len(ids))
@@ -218,7 +210,7 @@ class SQLiteBackend:
             db.execute("BEGIN IMMEDIATE")
             return db.execute(statement, values).rowcount
 
-    def _append(self, appends: list[tuple[str, list[tuple[int, bytes]]]]) -> list[str | None]:
+    def _append(self, appends: list[tuple[str, list[Event]]]) -> list[str | None]:
         """Each run's batch, unless it holds an event kept already with other bytes (another
         replica took the run over): why each was refused, if it was. An event kept already as
         it is stays: a batch whose answer was lost goes again (design.md 10.2)."""
@@ -235,7 +227,7 @@ class SQLiteBackend:
                 refusals.append(None if clash is None else f"event {clash} of {id} is kept already, with other bytes")
         return refusals
 
-    def _events(self, id: str, after: int) -> list[tuple[int, bytes]]:
+    def _events(self, id: str, after: int) -> list[Event]:
         rows = self._connection().execute("SELECT seq, event FROM events WHERE response_id = ? AND seq > ? ORDER BY seq", (id, after))
         return [(seq, bytes(event)) for seq, event in rows]
 
@@ -244,16 +236,17 @@ class SQLiteBackend:
         row = self._connection().execute("SELECT cancel FROM runs WHERE response_id = ?", (id,)).fetchone()
         return Renewal(held=held, cancel=bool(row and row[0]))
 
-    def _claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Runs | None:
+    def _claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Claim:
         db = self._connection()
         now = time.time()
         with db:
             db.execute("BEGIN IMMEDIATE")
             total, mine = db.execute("SELECT COUNT(*), COALESCE(SUM(owner = ?), 0) FROM runs WHERE lease_until >= ?", (owner, now)).fetchone()
+            running = Runs(int(total), int(mine))
             if total >= caps.total or mine >= caps.mine:
-                return Runs(int(total), int(mine))
+                return Claim(taken=False, running=running)
             db.execute("INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)", (id, owner, holder, now + lease))
-        return None
+        return Claim(taken=True, running=running)
 
     def _expired(self) -> list[tuple[str, str]]:
         return list(self._connection().execute("SELECT response_id, owner FROM runs WHERE lease_until < ?", (time.time(),)))

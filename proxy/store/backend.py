@@ -1,0 +1,152 @@
+"""What a store backend is (design.md 9.6): three small protocols, records, an event log and
+leases, over the types they exchange. A backend implements the three and nothing else: time
+limits, failures, the wait for new events and the hand-off of events within one process are
+`ResponseStore`'s, the same for every backend."""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import msgspec
+
+
+class StoredResponse(msgspec.Struct, gc=False):
+    """One response as kept: the Response object and its own input items as JSON, whose key
+    created it, and the earlier responses of its chain (oldest first), so that a chain is
+    read in one round trip."""
+
+    id: str
+    owner: str
+    created_at: int
+    response: msgspec.Raw
+    input_items: msgspec.Raw
+    ancestors: list[str] = []
+    # Input items that were `item_reference`s: they stay the items of the responses that made
+    # them, so that this one's end (deleted, expired) leaves them referable (design.md 9.4).
+    referenced: list[str] = []
+
+
+encode_stored = msgspec.json.Encoder().encode
+decode_stored = msgspec.json.Decoder(StoredResponse).decode
+
+
+class _ItemId(msgspec.Struct):
+    id: str | None = None
+
+
+class _Output(msgspec.Struct):
+    output: list[msgspec.Raw]
+
+
+_item_id = msgspec.json.Decoder(_ItemId).decode
+_raw_items = msgspec.json.Decoder(list[msgspec.Raw]).decode
+_output = msgspec.json.Decoder(_Output).decode
+
+
+def referable_items(stored: StoredResponse) -> list[tuple[str, bytes]]:
+    """(id, JSON) of every item of the response, input and output, that `item_reference` can
+    name: each item's bytes read twice (its place, then its id), the scores in them most of it."""
+    found = []
+    for item in (*_raw_items(stored.input_items), *_output(stored.response).output):
+        id = _item_id(item).id
+        if id and id not in stored.referenced:
+            found.append((id, bytes(item)))
+    return found
+
+
+class Runs(msgspec.Struct, frozen=True):
+    """A number of runs that hold a live lease (found, or the most allowed): in all, and one
+    owner's."""
+
+    total: int
+    mine: int
+
+
+class Claim(msgspec.Struct, frozen=True):
+    taken: bool  # the lease is the claimant's now
+    running: Runs  # the runs found holding a live lease, before this one
+
+
+class Renewal(msgspec.Struct, frozen=True):
+    held: bool  # the lease is still the holder's
+    cancel: bool  # a client asked the run to stop
+
+
+Event = tuple[int, bytes]  # a background response's event: its sequence number, its bytes
+
+
+class Records(Protocol):
+    """Stored responses and their items. A response is kept whole or not at all; what expired
+    (`ttl`) is never answered, even before a sweep drops it."""
+
+    async def put(self, stored: StoredResponse, items: bool) -> None:
+        """Keep a response, replacing what was kept under its id; with `items`, its items
+        (`referable_items`) too, each under the owner and its id (a later response's item of
+        the same id takes its place)."""
+        ...
+
+    async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
+        """The responses of these ids that are kept and belong to `owner`."""
+        ...
+
+    async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
+        """Items of `owner`'s stored responses, by id."""
+        ...
+
+    async def delete(self, id: str, owner: str) -> bool:
+        """Forget `owner`'s response, its items (those no later response took) and its events;
+        whether there was one."""
+        ...
+
+    async def sweep(self) -> None:
+        """Drop what expired, and the oldest responses past the size bound."""
+        ...
+
+
+class EventLog(Protocol):
+    """A background response's events, by sequence number, readable from every replica."""
+
+    async def append(self, id: str, events: list[Event]) -> None:
+        """Add a batch, whole or not at all. An event kept already with the same bytes stays
+        (a batch whose answer was lost goes again); one kept with other bytes refuses the whole
+        batch (another replica took the run over), by raising."""
+        ...
+
+    async def read(self, id: str, after: int, wait: float) -> list[Event]:
+        """The events past sequence number `after`, in order. A backend that another process's
+        append can wake (Redis) may wait up to `wait` seconds for one; one that cannot (SQLite)
+        answers at once, and is asked again."""
+        ...
+
+
+class Leases(Protocol):
+    """Who runs each background response (design.md 10.4, 10.5). Times are the wall clock's."""
+
+    async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Claim:
+        """`holder` runs the response for `lease` seconds unless renewed, if fewer runs than
+        `caps` hold a live lease; else nothing is taken. One step, so that requests arriving
+        together cannot pass a cap."""
+        ...
+
+    async def renew(self, id: str, holder: str, lease: float) -> Renewal: ...
+
+    async def release(self, id: str) -> None:
+        """The run ended: its lease and its cancel flag go."""
+        ...
+
+    async def cancel(self, id: str) -> None:
+        """Raise the run's cancel flag, if a run holds a lease (else nothing is made)."""
+        ...
+
+    async def take(self, id: str, holder: str, lease: float) -> bool:
+        """Take over a run whose lease expired; whether `holder` now holds it (one replica
+        wins)."""
+        ...
+
+    async def expired(self) -> list[tuple[str, str]]:
+        """The runs whose lease expired: (response id, owner)."""
+        ...
+
+
+class Backend(Records, EventLog, Leases, Protocol):
+    async def close(self) -> None: ...
