@@ -27,6 +27,7 @@ test-core: $(STAMP)
 lint: $(STAMP)
 	$(BIN)/mypy
 	$(BIN)/ruff check proxy tests
+	$(BIN)/ruff format --check proxy
 
 $(E2E_STAMP): $(STAMP)
 	$(BIN)/pip install -q -e '.[test,e2e]'

@@ -55,7 +55,9 @@ class BackgroundRuns:
         self._stopping = False
         self.sweeper = asyncio.create_task(self._sweep())  # lives as long as the process
 
-    async def start(self, translator: ResponseTranslator, as_stored: AsStored, owner: str, post: Post) -> dict[str, Any]:
+    async def start(
+        self, translator: ResponseTranslator, as_stored: AsStored, owner: str, post: Post
+    ) -> dict[str, Any]:
         """Take the lease within the caps (in all, and for this key: design.md 10.5), keep the
         queued response, run it; the queued response."""
         queued = translator.progress()
@@ -68,7 +70,8 @@ class BackgroundRuns:
         except CapReached as reached:
             found = reached.running
             running = (
-                f"{found.mine} background responses of this key and {found.total} in all are running (limits: {per_key} a key, {limits.max_running} in all)"
+                f"{found.mine} background responses of this key and {found.total} in all are running "
+                f"(limits: {per_key} a key, {limits.max_running} in all)"
                 if owner
                 else f"{found.total} background responses are running (limit: {limits.max_running})"
             )
@@ -160,7 +163,9 @@ class BackgroundRuns:
     async def _fail_lost(self, kept: StoredResponse, last: int) -> None:
         """End a run whose holder died: from its last kept state, after its last event."""
         response = orjson.loads(bytes(kept.response))
-        ending = failed_ending(response, ProxyError("The worker running this response stopped before it ended."), last + 1)
+        ending = failed_ending(
+            response, ProxyError("The worker running this response stopped before it ended."), last + 1
+        )
         await self._store.put(msgspec.structs.replace(kept, response=msgspec.Raw(orjson.dumps(response))))
         await self._store.append(kept.id, ending)
         log.warning("response %s: its worker stopped renewing its lease; %s ended it failed", kept.id, self.holder)
@@ -172,7 +177,9 @@ class _EventLog:
     before the terminal event, so that whoever sees that event reads it final. Events the store
     could not take wait for the next write: a store that comes back gets them all, in order."""
 
-    def __init__(self, store: ResponseStore, id: str, translator: ResponseTranslator, as_stored: AsStored, interval: float) -> None:
+    def __init__(
+        self, store: ResponseStore, id: str, translator: ResponseTranslator, as_stored: AsStored, interval: float
+    ) -> None:
         self._store = store
         self._id = id
         self._translator = translator

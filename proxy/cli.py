@@ -30,21 +30,34 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description="OpenAI Responses API in front of SGLang, vLLM or any Chat Completions server.",
     )
     parser.add_argument("--config", metavar="PATH", help="YAML config file (every key: configs/proxy.example.yaml)")
-    parser.add_argument("--check-config", metavar="PATH", help="validate PATH, print its routes, exit non-zero on error")
+    parser.add_argument(
+        "--check-config", metavar="PATH", help="validate PATH, print its routes, exit non-zero on error"
+    )
     parser.add_argument(
         "--upstream",
         metavar="URL",
-        help=f"one upstream for every model, replacing the config's upstreams and routes (without a config: {config_module.DEFAULT_UPSTREAM})",
+        help="one upstream for every model, replacing the config's upstreams and routes "
+        f"(without a config: {config_module.DEFAULT_UPSTREAM})",
     )
     parser.add_argument("--host", help="address to listen on (default: the config's listen.host, 0.0.0.0)")
     parser.add_argument("--port", type=int, help="port to listen on (default: the config's listen.port, 8080)")
-    parser.add_argument("--workers", type=int, default=1, metavar="N", help="processes sharing the port with SO_REUSEPORT (default: 1)")
-    parser.add_argument("--log-level", choices=["debug", "info", "warning", "error"], help="log level (default: the config's log.level, info)")
+    parser.add_argument(
+        "--workers", type=int, default=1, metavar="N", help="processes sharing the port with SO_REUSEPORT (default: 1)"
+    )
+    parser.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        help="log level (default: the config's log.level, info)",
+    )
     return parser.parse_args(argv)
 
 
 def load_config(args: argparse.Namespace) -> Config:
-    config = config_module.load(args.config) if args.config else config_module.single_upstream(config_module.DEFAULT_UPSTREAM)
+    config = (
+        config_module.load(args.config)
+        if args.config
+        else config_module.single_upstream(config_module.DEFAULT_UPSTREAM)
+    )
     if args.upstream:
         upstreams = config_module.single_upstream(args.upstream).upstreams
         config = config_module.replace(config, upstreams=upstreams, routes=[])
@@ -147,4 +160,3 @@ def _worker(args: argparse.Namespace) -> None:
     config = load_config(args)
     logs.setup(config.log.format, args.log_level or config.log.level)
     serve_forever(args, config)
-

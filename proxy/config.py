@@ -54,9 +54,30 @@ class HealthCheck(_Section, frozen=True):
     interval: Seconds = 5.0
 
 
+class Dialect(msgspec.Struct, frozen=True):
+    """What differs between the chat servers the proxy speaks to (design.md 6.14), chosen per
+    upstream (`dialect`), each field overridable on the upstream by its own name."""
+
+    # Where a replayed reasoning item goes in the assistant message: SGLang and llama.cpp read
+    # `reasoning_content`, vLLM `reasoning`; None drops it (a server that has neither).
+    reasoning_field: str | None
+    # The fewest alternatives asked of the upstream: llama-server sends no scores at all when
+    # asked for none, so it needs 1 (the proxy drops what the client did not ask for, design.md 3.1).
+    min_top_logprobs: int
+
+
+DIALECTS = {
+    "sglang": Dialect(reasoning_field="reasoning_content", min_top_logprobs=0),
+    "vllm": Dialect(reasoning_field="reasoning", min_top_logprobs=0),
+    "llama.cpp": Dialect(reasoning_field="reasoning_content", min_top_logprobs=1),
+    "generic": Dialect(reasoning_field=None, min_top_logprobs=0),
+}
+
+
 class Upstream(_Section, frozen=True):
     name: Annotated[str, msgspec.Meta(min_length=1)]
     urls: Annotated[list[str], msgspec.Meta(min_length=1)]
+    dialect: Literal["sglang", "vllm", "llama.cpp", "generic"] = "sglang"
     api_key: str | None = None
     api_key_env: str | None = None
     timeouts: Timeouts = Timeouts()
@@ -66,12 +87,10 @@ class Upstream(_Section, frozen=True):
     max_answer_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 64 * 1024 * 1024
     max_event_bytes: Annotated[int, msgspec.Meta(ge=1024)] = DEFAULT_MAX_EVENT
     max_top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=SPEC_MAX_TOP_LOGPROBS)] = SPEC_MAX_TOP_LOGPROBS
-    # The fewest alternatives asked of the upstream: llama-server sends no scores at all when
-    # asked for none, so it needs 1 (the proxy drops what the client did not ask for, design.md 3.1).
-    min_top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=SPEC_MAX_TOP_LOGPROBS)] = 0
+    # The dialect's own, unless set here (`Dialect`); `none` drops replayed reasoning.
+    min_top_logprobs: Annotated[int, msgspec.Meta(ge=0, le=SPEC_MAX_TOP_LOGPROBS)] | None = None
+    reasoning_field: Literal["reasoning_content", "reasoning", "none"] | None = None
     logprobs: bool = True
-    # SGLang reads and writes `reasoning_content`, vLLM `reasoning`; `none` drops replayed reasoning.
-    reasoning_field: Literal["reasoning_content", "reasoning", "none"] = "reasoning_content"
     defaults: dict[str, Any] = {}
     headers: dict[str, str] = {}
     health_check: HealthCheck | None = None
@@ -86,6 +105,15 @@ class Upstream(_Section, frozen=True):
 
     def key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else self.api_key
+
+    def wire(self) -> Dialect:
+        """The upstream's dialect, with what this upstream sets of it."""
+        dialect = DIALECTS[self.dialect]
+        field = dialect.reasoning_field if self.reasoning_field is None else self.reasoning_field
+        return Dialect(
+            reasoning_field=None if field == "none" else field,
+            min_top_logprobs=dialect.min_top_logprobs if self.min_top_logprobs is None else self.min_top_logprobs,
+        )
 
 
 class Route(_Section, frozen=True):
@@ -287,7 +315,9 @@ def _check(config: Config) -> None:
                 raise ConfigError(f"upstreams[{i}].urls[{j}]: not a URL: {url!r}")
         decided = _PROXY_KEYS & upstream.defaults.keys()
         if decided:
-            raise ConfigError(f"upstreams[{i}].defaults: {', '.join(sorted(decided))} set by the proxy, not by defaults")
+            raise ConfigError(
+                f"upstreams[{i}].defaults: {', '.join(sorted(decided))} set by the proxy, not by defaults"
+            )
         if upstream.api_key and upstream.api_key_env:
             raise ConfigError(f"upstreams[{i}]: give api_key or api_key_env, not both")
     store = config.store

@@ -54,14 +54,24 @@ class ConnectionGuard:
         held = self._refusals.allow()
         if held is not None:
             peer = transport.get_extra_info("peername")
-            log.warning("refused a connection from %s: %d open, the limit (connections.max); %d more since", peer, self.open, held)
+            log.warning(
+                "refused a connection from %s: %d open, the limit (connections.max); %d more since",
+                peer,
+                self.open,
+                held,
+            )
         transport.abort()
 
     def too_slow(self, transport: asyncio.Transport) -> None:
         held = self._slow.allow()
         if held is not None:
             peer = transport.get_extra_info("peername")
-            log.warning("closed a connection from %s: no request headers within %g s; %d more since", peer, self.header_timeout, held)
+            log.warning(
+                "closed a connection from %s: no request headers within %g s; %d more since",
+                peer,
+                self.header_timeout,
+                held,
+            )
         transport.abort()
 
 
@@ -84,7 +94,9 @@ class _Guarded(asyncio.Protocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         self._guard.open += 1
-        self._timer = asyncio.get_running_loop().call_later(self._guard.header_timeout, self._guard.too_slow, cast(asyncio.Transport, transport))
+        self._timer = asyncio.get_running_loop().call_later(
+            self._guard.header_timeout, self._guard.too_slow, cast(asyncio.Transport, transport)
+        )
         self._inner.connection_made(transport)
 
     def data_received(self, data: bytes) -> None:
@@ -118,7 +130,9 @@ class GuardedSite(web.BaseSite):
 
     __slots__ = ("_host", "_port", "_reuse_port", "_settings", "guard")
 
-    def __init__(self, runner: web.BaseRunner, host: str, port: int, settings: Connections, *, reuse_port: bool = False) -> None:
+    def __init__(
+        self, runner: web.BaseRunner, host: str, port: int, settings: Connections, *, reuse_port: bool = False
+    ) -> None:
         super().__init__(runner, backlog=1024)
         self._host = host
         self._port = port
@@ -136,5 +150,10 @@ class GuardedSite(web.BaseSite):
         assert server is not None
         self.guard = ConnectionGuard(server, self._settings)
         self._server = await asyncio.get_running_loop().create_server(
-            self.guard, self._host, self._port, backlog=self._backlog, reuse_address=True, reuse_port=self._reuse_port or None
+            self.guard,
+            self._host,
+            self._port,
+            backlog=self._backlog,
+            reuse_address=True,
+            reuse_port=self._reuse_port or None,
         )

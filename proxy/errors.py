@@ -7,11 +7,13 @@
     │   ├── Unauthorized            401  invalid_api_key
     │   ├── NotFound                404  not_found                 (an upstream's own 404 too)
     │   ├── MethodNotAllowed        405  method_not_allowed
-    │   ├── RequestTimeout          408  request_timeout           its body came too slowly; an upstream's own 408
+    │   ├── RequestTimeout          408  request_timeout           its body came too slowly;
+    │   │                                                          an upstream's own 408
     │   ├── PayloadTooLarge         413  request_too_large
     │   ├── UnsupportedMediaType    415  unsupported_media_type
     │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
-    │   └── TooManyRequests         429  rate_limit_exceeded       too many background runs; an upstream's own 429
+    │   └── TooManyRequests         429  rate_limit_exceeded       too many background runs;
+    │                                                              an upstream's own 429
     ├── StoreUnavailable            503  store_unavailable         the response store failed a read
     ├── ServerShuttingDown          503  server_shutting_down      draining after SIGTERM: retry elsewhere
     ├── UpstreamBusy                503  upstream_busy             every pooled connection is in use
@@ -174,7 +176,8 @@ class UpstreamTimeout(UpstreamError):
 
 # An upstream's own client errors, by status; any other 4xx is reported as a 400.
 _REJECTIONS: dict[int, type[InvalidRequest]] = {
-    cls.status: cls for cls in (InvalidRequest, NotFound, RequestTimeout, PayloadTooLarge, UnprocessableEntity, TooManyRequests)
+    cls.status: cls
+    for cls in (InvalidRequest, NotFound, RequestTimeout, PayloadTooLarge, UnprocessableEntity, TooManyRequests)
 }
 
 

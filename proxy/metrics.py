@@ -36,30 +36,62 @@ class Labelled(Generic[M]):
 class Metrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        self.requests = Labelled(Counter(
-            "proxy_requests", "Requests answered, by route, endpoint and HTTP status.", ["route", "endpoint", "status"], registry=self.registry
-        ))
-        self.latency = Labelled(Histogram(
-            "proxy_request_duration_seconds", "Time from request to the end of the answer.", ["endpoint"], buckets=_LATENCY_BUCKETS, registry=self.registry
-        ))
-        self.first_token = Labelled(Histogram(
-            "proxy_time_to_first_token_seconds", "Time from request to the first generated token sent.", ["route"], buckets=_LATENCY_BUCKETS, registry=self.registry
-        ))
+        self.requests = Labelled(
+            Counter(
+                "proxy_requests",
+                "Requests answered, by route, endpoint and HTTP status.",
+                ["route", "endpoint", "status"],
+                registry=self.registry,
+            )
+        )
+        self.latency = Labelled(
+            Histogram(
+                "proxy_request_duration_seconds",
+                "Time from request to the end of the answer.",
+                ["endpoint"],
+                buckets=_LATENCY_BUCKETS,
+                registry=self.registry,
+            )
+        )
+        self.first_token = Labelled(
+            Histogram(
+                "proxy_time_to_first_token_seconds",
+                "Time from request to the first generated token sent.",
+                ["route"],
+                buckets=_LATENCY_BUCKETS,
+                registry=self.registry,
+            )
+        )
         self.streams = Gauge("proxy_streams_in_flight", "Streaming responses being written.", registry=self.registry)
-        self.output_tokens = Labelled(Counter("proxy_output_tokens", "Tokens generated, from upstream usage.", ["route"], registry=self.registry))
-        self.upstream_errors = Labelled(Counter(
-            "proxy_upstream_errors", "Upstream failures by upstream and kind.", ["upstream", "kind"], registry=self.registry
-        ))
-        self._ignored = Labelled(Counter(
-            "proxy_ignored",
-            "What requests named that was not sent upstream: unknown fields, hosted tools, items with no chat form, unreadable sealed reasoning.",
-            ["what"],
-            registry=self.registry,
-        ))
+        self.output_tokens = Labelled(
+            Counter("proxy_output_tokens", "Tokens generated, from upstream usage.", ["route"], registry=self.registry)
+        )
+        self.upstream_errors = Labelled(
+            Counter(
+                "proxy_upstream_errors",
+                "Upstream failures by upstream and kind.",
+                ["upstream", "kind"],
+                registry=self.registry,
+            )
+        )
+        self._ignored = Labelled(
+            Counter(
+                "proxy_ignored",
+                "What requests named that was not sent upstream: unknown fields, hosted tools, "
+                "items with no chat form, unreadable sealed reasoning.",
+                ["what"],
+                registry=self.registry,
+            )
+        )
         self._ignored_kinds: set[str] = set()
-        self.store_errors = Labelled(Counter(
-            "proxy_store_errors", "Response store operations that failed, by operation.", ["operation"], registry=self.registry
-        ))
+        self.store_errors = Labelled(
+            Counter(
+                "proxy_store_errors",
+                "Response store operations that failed, by operation.",
+                ["operation"],
+                registry=self.registry,
+            )
+        )
 
     def ignored(self, what: str) -> bool:
         """Count one thing a request named that was left out; True the first time it is seen."""

@@ -113,7 +113,11 @@ class Runtime:
         for upstream in config.upstreams:
             previous = old.get(upstream.name)
             unchanged = previous is not None and previous.config == upstream
-            clients[upstream.name] = previous if previous is not None and unchanged else UpstreamClient(upstream, self.metrics.upstream_error)
+            clients[upstream.name] = (
+                previous
+                if previous is not None and unchanged
+                else UpstreamClient(upstream, self.metrics.upstream_error)
+            )
         return clients
 
 

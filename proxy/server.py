@@ -9,11 +9,11 @@ import re
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import orjson
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
 from .api import background, endpoints, passthrough, responses, stored
+from .api.common import json_response
 from .appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
 from .config import Config, Connections
 from .connections import GuardedSite
@@ -61,7 +61,7 @@ http_log.addFilter(MalformedRequests())
 
 
 def error_response(error: ProxyError) -> web.Response:
-    return web.Response(body=orjson.dumps(error.envelope()), status=error.status, content_type="application/json")
+    return json_response(error.envelope(), status=error.status)
 
 
 @web.middleware
@@ -111,7 +111,12 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
                 request.path,
                 status,
                 elapsed * 1000,
-                extra={"request_id": request[REQUEST_ID], "status": status, "duration_ms": round(elapsed * 1000, 1), "route": request.get(MODEL_PATTERN)},
+                extra={
+                    "request_id": request[REQUEST_ID],
+                    "status": status,
+                    "duration_ms": round(elapsed * 1000, 1),
+                    "route": request.get(MODEL_PATTERN),
+                },
             )
 
 
@@ -165,7 +170,13 @@ def create_app(config: Config) -> web.Application:
 
 
 async def serve(
-    app: web.Application, host: str, port: int, *, connections: Connections, reuse_port: bool = False, linger: float = 1.0
+    app: web.Application,
+    host: str,
+    port: int,
+    *,
+    connections: Connections,
+    reuse_port: bool = False,
+    linger: float = 1.0,
 ) -> web.AppRunner:
     """Start `app` on host:port. The handler of a client that hangs up is cancelled, which
     closes its upstream request, so the GPU stops generating for nobody. Connections are held

@@ -15,6 +15,8 @@ PACKAGE = ROOT / "proxy"
 # What each layer may import from the package, besides itself.
 ALLOWED = {
     "responses": {"errors"},
+    "relay": {"errors", "responses", "upstream"},
+    "background": {"errors", "config", "relay", "responses", "store", "upstream"},
     "upstream": {"errors", "config", "responses"},
     "config": {"errors", "responses"},
     "store": {"errors"},
@@ -58,3 +60,29 @@ def test_cited_rules_exist() -> None:
     }
     assert cited, "no citation found: the pattern is stale"
     assert [(str(path), rule) for path, rule in sorted(cited) if rule not in rules] == []
+
+
+def layout_paths(design: str) -> set[str]:
+    """The module paths section 2's tree names, as `proxy/...` paths: one name a line, nested
+    two spaces a level."""
+    block = design.split("## 2. Layout", 1)[1].split("```", 2)[1]
+    parents: list[str] = []
+    paths = set()
+    for line in block.splitlines():
+        if not line.strip():
+            continue
+        depth = (len(line) - len(line.lstrip())) // 2
+        name = line.split()[0]
+        parents[depth:] = [name.rstrip("/")]
+        if name.endswith(".py"):
+            paths.add("/".join(parents))
+    return paths
+
+
+def test_every_module_is_in_the_layout() -> None:
+    """design.md 2: section 2 names every module under proxy/ that holds code, and no other."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    modules = {str(path.relative_to(ROOT)) for path in PACKAGE.rglob("*.py") if path.read_text().strip()}
+    assert modules, "no module found: the package moved"
+    named = layout_paths(design)
+    assert sorted(modules - named) == [] and sorted(named - modules) == []

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import yaml
@@ -312,3 +313,47 @@ def test_example_config_parses_to_its_documented_defaults() -> None:
     assert (config.listen.port, config.shutdown_grace, config.max_body_bytes) == (8080, 30, 32 * 1024 * 1024)
     assert (qwen.timeouts.connect, qwen.timeouts.first_byte, qwen.timeouts.idle, qwen.timeouts.total) == (5, 600, 120, None)
     assert (qwen.health_check.path, qwen.health_check.interval, qwen.eject_seconds) == ("/health", 5, 10)
+
+
+REPLAYED = [
+    {"type": "reasoning", "summary": [], "content": [{"type": "reasoning_text", "text": "thought"}]},
+    {"type": "message", "role": "assistant", "content": "answer"},
+    {"type": "message", "role": "user", "content": "again"},
+]
+
+
+@pytest.mark.parametrize(
+    ("upstream_keys", "field", "alternatives"),
+    [
+        ({}, "reasoning_content", 0),
+        ({"dialect": "sglang"}, "reasoning_content", 0),
+        ({"dialect": "vllm"}, "reasoning", 0),
+        ({"dialect": "llama.cpp"}, "reasoning_content", 1),
+        ({"dialect": "generic"}, None, 0),
+        ({"dialect": "vllm", "reasoning_field": "reasoning_content"}, "reasoning_content", 0),
+        ({"dialect": "generic", "reasoning_field": "reasoning"}, "reasoning", 0),
+        ({"dialect": "sglang", "reasoning_field": "none"}, None, 0),
+        ({"dialect": "llama.cpp", "min_top_logprobs": 0}, "reasoning_content", 0),
+    ],
+)
+async def test_an_upstreams_dialect_and_what_it_sets_of_it(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, upstream_keys: dict[str, Any], field: str | None, alternatives: int
+) -> None:
+    """design.md 6.14: the dialect says where replayed reasoning goes and how few alternatives
+    are asked for; an upstream's own `reasoning_field` or `min_top_logprobs` wins over it."""
+    url = await start_proxy(routed({"u": upstream}, [], **upstream_keys))
+    upstream.script(Reply(HI))
+    body = {"model": "m", "input": REPLAYED, "include": ["message.output_text.logprobs"]}
+    status, answer = await post_json(http, f"{url}/v1/responses", body)
+    assert status == 200, answer
+    sent = upstream.requests[-1]
+    assistant = next(message for message in sent["messages"] if message["role"] == "assistant")
+    assert {key for key in assistant if key.startswith("reasoning")} == ({field} if field else set())
+    if field:
+        assert assistant[field] == "thought"
+    assert sent["top_logprobs"] == alternatives
+
+
+def test_an_unknown_dialect_is_a_config_error_naming_it() -> None:
+    with pytest.raises(ConfigError, match=r"upstreams\[0\]\.dialect"):
+        parse({"upstreams": [{"name": "u", "urls": ["http://127.0.0.1:1"], "dialect": "tgi"}]})

@@ -14,17 +14,22 @@ from ..background import AsStored, BackgroundRuns, Post
 from ..errors import InvalidRequest
 from ..responses.lifecycle import DONE, RUNNING, is_terminal, running
 from ..responses.translate import ResponseTranslator
-from .common import KEEPALIVE, SSE_HEADERS, cut_short_on_failure, find_stored, json_response
+from .common import find_stored, json_response
+from .streaming import KEEPALIVE, SSE_HEADERS, cut_short_on_failure
 
 
 def runs_of(request: web.Request) -> BackgroundRuns:
     runs = request.app[RUNTIME].background
     if runs is None:
-        raise InvalidRequest("A background response needs a store, and this proxy keeps none (store: none).", param="background")
+        raise InvalidRequest(
+            "A background response needs a store, and this proxy keeps none (store: none).", param="background"
+        )
     return runs
 
 
-async def start(request: web.Request, translator: ResponseTranslator, as_stored: AsStored | None, post: Post, *, stream: bool) -> web.StreamResponse:
+async def start(
+    request: web.Request, translator: ResponseTranslator, as_stored: AsStored | None, post: Post, *, stream: bool
+) -> web.StreamResponse:
     """`as_stored`: how the response is kept; None for one that is not (`store: false`)."""
     runs = runs_of(request)
     if as_stored is None:

@@ -7,6 +7,7 @@ from aiohttp import web
 
 from ..appkeys import RUNTIME
 from ..errors import UpstreamProtocolError
+from .common import json_response
 
 
 async def health(request: web.Request) -> web.Response:
@@ -21,7 +22,7 @@ async def ready(request: web.Request) -> web.Response:
     runtime = request.app[RUNTIME]
     ok = runtime.ready()
     store = None if runtime.store is None else runtime.store.health()
-    return web.Response(body=orjson.dumps({"ready": ok, "store": store}), status=200 if ok else 503, content_type="application/json")
+    return json_response({"ready": ok, "store": store}, status=200 if ok else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
@@ -34,12 +35,14 @@ async def models(request: web.Request) -> web.Response:
     config = runtime.config
     if config.routes:
         data = [{"id": route.model, "object": "model", "owned_by": route.upstream} for route in config.routes]
-        return web.json_response({"object": "list", "data": data})
+        return json_response({"object": "list", "data": data})
     status, body = await runtime.clients[config.upstreams[0].name].get("/v1/models")
     try:
         listed = orjson.loads(body) if status == 200 else None
     except orjson.JSONDecodeError:
         listed = None
     if not isinstance(listed, dict):  # an HTML error page, say: never relayed as JSON
-        raise UpstreamProtocolError(f"upstream {config.upstreams[0].name} answered /v1/models with {status}: {body[:200]!r}")
-    return web.Response(body=body, content_type="application/json")
+        raise UpstreamProtocolError(
+            f"upstream {config.upstreams[0].name} answered /v1/models with {status}: {body[:200]!r}"
+        )
+    return json_response(orjson.Fragment(body))

@@ -6,7 +6,10 @@ from aiohttp import hdrs, web
 
 from ..appkeys import RUNTIME
 from ..errors import InvalidRequest
-from .common import ClientWatch, cut_short_on_failure, find_target, load_json, read_body, upstream_headers
+from ..responses.body import load_json
+from .body import read_body
+from .common import find_target, upstream_headers
+from .streaming import ClientWatch, cut_short_on_failure
 
 
 async def forward(request: web.Request) -> web.StreamResponse:

@@ -8,7 +8,6 @@ from collections.abc import Awaitable, Callable, Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
-import orjson
 from aiohttp import web
 from prometheus_client import Histogram
 
@@ -16,14 +15,17 @@ from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from ..config import Target
 from ..errors import ProxyError
 from ..relay import relay
+from ..responses.body import load_json
 from ..responses.plan import TranslationSettings, plan_call
 from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
 from ..responses.translate import ResponseTranslator
 from ..upstream.client import Exchange
 from . import background
-from .common import ClientWatch, EventStream, find_target, load_json, read_body, upstream_headers
+from .body import read_body
+from .common import find_target, json_response, upstream_headers
 from .stored import read_history, stored_form
+from .streaming import ClientWatch, EventStream
 
 CHAT_PATH = "/v1/chat/completions"
 # Keeps a finished response before its last event leaves, so that a client that chains at once
@@ -54,7 +56,10 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
     # A background run keeps its events even when its client asked for none (design.md 10.2).
     streaming = call.stream or call.background
-    translator = ResponseTranslator(call, streaming=streaming, request_id=request[REQUEST_ID], max_event=target.upstream.max_event_bytes)
+    translator = ResponseTranslator(
+        call, streaming=streaming, request_id=request[REQUEST_ID], max_event=target.upstream.max_event_bytes
+    )
+
     def post() -> AbstractAsyncContextManager[Exchange]:
         return client.post(CHAT_PATH, call.chat, upstream_headers(request))
 
@@ -67,7 +72,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             else:
                 output = translator.complete(await exchange.read_body())
                 await keep(output)
-                response = web.Response(body=orjson.dumps(output), content_type="application/json")
+                response = json_response(output)
     except ProxyError as error:
         if not (call.stream and error.in_stream):
             raise
@@ -79,13 +84,13 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 
 def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
-    upstream = target.upstream
+    upstream, wire = target.upstream, target.upstream.wire()
     return TranslationSettings(
         model=target.model,
         max_top_logprobs=upstream.max_top_logprobs,
-        min_top_logprobs=upstream.min_top_logprobs,
+        min_top_logprobs=wire.min_top_logprobs,
         logprobs=upstream.logprobs,
-        reasoning_field=None if upstream.reasoning_field == "none" else upstream.reasoning_field,
+        reasoning_field=wire.reasoning_field,
         defaults=upstream.defaults,
         hosted_tools=upstream.hosted_tools,
         late_system_role=upstream.late_system_messages,
@@ -132,7 +137,14 @@ class _ClientSink:
 
     __slots__ = ("_watch", "_translator", "_keep", "_first_token", "_started")
 
-    def __init__(self, watch: ClientWatch, translator: ResponseTranslator, keep: Keep, first_token: Histogram | None, started: float) -> None:
+    def __init__(
+        self,
+        watch: ClientWatch,
+        translator: ResponseTranslator,
+        keep: Keep,
+        first_token: Histogram | None,
+        started: float,
+    ) -> None:
         self._watch = watch
         self._translator = translator
         self._keep = keep

@@ -42,19 +42,27 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
     store = request.app[RUNTIME].store
     if store is None:
         param = "previous_response_id" if previous_id else "input"
-        raise InvalidRequest("This proxy keeps no responses (store: none): nothing to continue or refer to.", param=param)
+        raise InvalidRequest(
+            "This proxy keeps no responses (store: none): nothing to continue or refer to.", param=param
+        )
     owner = request[OWNER]
     ancestors: list[str] = []
     chain: list[StoredResponse] = []
     if previous_id is not None:
         previous = await store.get(previous_id, owner)
         if previous is None:
-            raise InvalidRequest(f"Previous response with id '{previous_id}' not found.", param="previous_response_id", code=_NOT_FOUND)
+            raise InvalidRequest(
+                f"Previous response with id '{previous_id}' not found.", param="previous_response_id", code=_NOT_FOUND
+            )
         ancestors = [*previous.ancestors, previous.id]
         found = await store.get_many(previous.ancestors, owner) if previous.ancestors else {}
         missing = [id for id in previous.ancestors if id not in found]
         if missing:
-            raise InvalidRequest(f"The response '{missing[-1]}' of this chain is no longer stored.", param="previous_response_id", code=_NOT_FOUND)
+            raise InvalidRequest(
+                f"The response '{missing[-1]}' of this chain is no longer stored.",
+                param="previous_response_id",
+                code=_NOT_FOUND,
+            )
         chain = [*(found[id] for id in previous.ancestors), previous]
     referenced = {id: orjson.loads(item) for id, item in (await store.items(wanted, owner) if wanted else {}).items()}
     items = history.chain_items([(bytes(stored.input_items), bytes(stored.response)) for stored in chain])
@@ -100,7 +108,9 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     except ValueError:
         after = None
     if after is None or not -1 <= after < 2**63:  # the stores keep sequence numbers in 64 bits
-        raise InvalidRequest("'starting_after' must be an event's sequence number (or -1, for all).", param="starting_after")
+        raise InvalidRequest(
+            "'starting_after' must be an event's sequence number (or -1, for all).", param="starting_after"
+        )
     return await background.follow(request, id, after)
 
 
@@ -111,7 +121,9 @@ async def delete(request: web.Request) -> web.Response:
     stored = await find_stored(request, id)
     response = await background.current(request, orjson.loads(bytes(stored.response)))
     if running(response) and await background.cancel_and_wait(request, response) is None:
-        raise InvalidRequest("The response is still running: it was asked to stop; delete it once it has.", param="response_id")
+        raise InvalidRequest(
+            "The response is still running: it was asked to stop; delete it once it has.", param="response_id"
+        )
     if not await store_of(request).delete(id, request[OWNER]):
         raise NotFound(f"No response with id '{id}'.", param="response_id")
     return json_response({"id": id, "object": "response.deleted", "deleted": True})
@@ -130,4 +142,6 @@ async def input_items(request: web.Request) -> web.Response:
     if not 1 <= limit <= 100:
         raise InvalidRequest("'limit' must be an integer from 1 to 100.", param="limit")
     items = orjson.loads(bytes(stored.input_items))
-    return json_response(history.page(items, order=order, after=query.get("after"), before=query.get("before"), limit=limit))
+    return json_response(
+        history.page(items, order=order, after=query.get("after"), before=query.get("before"), limit=limit)
+    )

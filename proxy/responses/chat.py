@@ -17,11 +17,14 @@ import orjson
 from ..errors import ContextLengthExceeded, ProxyError, rejected_by_upstream
 
 _MAX_ERROR_TEXT = 1000
+# llama.cpp's refusal of scores with tools on a streamed request (design.md 6.13).
+_NO_STREAMED_TOOL_SCORES = "logprobs is not supported with tools + stream"
 # How SGLang, vLLM and llama.cpp word a prompt longer than the context (design.md 6.6): "The
 # input (N tokens) is longer than the model's context length", "This model's maximum context
 # length is N tokens", "the request exceeds the available context size" (exceed_context_size_error).
-_NO_STREAMED_TOOL_SCORES = "logprobs is not supported with tools + stream"
-_CONTEXT_OVERFLOW = re.compile(r"context length|context size|context window|context_length_exceeded|exceed_context_size", re.I)
+_CONTEXT_OVERFLOW = re.compile(
+    r"context length|context size|context window|context_length_exceeded|exceed_context_size", re.I
+)
 
 
 class TopLogprob(msgspec.Struct, gc=False):
@@ -150,7 +153,12 @@ class ChunkShape:
         payload of this shape; None for any other payload. Those bytes still have to pass the
         score check to be one JSON array (`ScoreBuffer.add_exact`)."""
         start, tail = len(self._head), self._tail
-        if len(payload) <= start or payload[start] != 34 or not payload.startswith(self._head) or not payload.endswith(tail):
+        if (
+            len(payload) <= start
+            or payload[start] != 34
+            or not payload.startswith(self._head)
+            or not payload.endswith(tail)
+        ):
             return None  # (34: a quote)
         end = start
         while True:  # the closing quote: one not escaped, so after an even run of backslashes
@@ -211,6 +219,10 @@ def _error_fields(body: bytes) -> tuple[str, str | None, Any, Any]:
     if not message and isinstance(detail, str):
         message = detail
     elif not message and isinstance(detail, list):  # FastAPI's own validation errors: where, and what
-        message = "; ".join(f"{'.'.join(map(str, entry.get('loc') or ()))}: {entry.get('msg')}" for entry in detail if isinstance(entry, dict))
+        message = "; ".join(
+            f"{'.'.join(map(str, entry.get('loc') or ()))}: {entry.get('msg')}"
+            for entry in detail
+            if isinstance(entry, dict)
+        )
     text = str(message).strip()[:_MAX_ERROR_TEXT] if message else ""
     return text, param if isinstance(param, str) else None, error.get("code"), error.get("type")

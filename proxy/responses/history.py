@@ -16,15 +16,27 @@ from .logprobs import INCLUDE_LOGPROBS
 from .schema import CreateResponse, ItemReference, parse_items, typed_item
 
 # The prefix of the id an input item gets when its client sent none, by its type.
-_ID_PREFIXES = {"message": "msg", "function_call": "fc", "function_call_output": "fco", "custom_tool_call": "ctc", "reasoning": "rs"}
+_ID_PREFIXES = {
+    "message": "msg",
+    "function_call": "fc",
+    "function_call_output": "fco",
+    "custom_tool_call": "ctc",
+    "reasoning": "rs",
+}
 
 
 def references(request: CreateResponse) -> list[str]:
     """The ids of the stored items the request's input refers to."""
-    return [item.id for item in request.input if isinstance(item, ItemReference)] if isinstance(request.input, list) else []
+    return (
+        [item.id for item in request.input if isinstance(item, ItemReference)]
+        if isinstance(request.input, list)
+        else []
+    )
 
 
-def expand(request: CreateResponse, history: list[dict[str, Any]], referenced: dict[str, dict[str, Any]]) -> CreateResponse:
+def expand(
+    request: CreateResponse, history: list[dict[str, Any]], referenced: dict[str, dict[str, Any]]
+) -> CreateResponse:
     """The request with the chain's items before its own input and its references replaced
     by the items they name; a reference the store did not have is a 400 naming it."""
     own = request.input
@@ -36,7 +48,9 @@ def expand(request: CreateResponse, history: list[dict[str, Any]], referenced: d
             if isinstance(item, ItemReference):
                 found = referenced.get(item.id)
                 if found is None:
-                    raise InvalidRequest(f"No stored item with id '{item.id}' (item_reference).", param=f"input[{index}].id")
+                    raise InvalidRequest(
+                        f"No stored item with id '{item.id}' (item_reference).", param=f"input[{index}].id"
+                    )
                 own_items += parse_items([found])
             else:
                 own_items.append(item)
@@ -51,7 +65,10 @@ def chain_items(records: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
         made = orjson.loads(response)
         if made["status"] in RUNNING:
             # Its output so far is a turn cut short, which its end would then replace.
-            raise InvalidRequest(f"The response '{made['id']}' is still running: continue from it once it has ended.", param="previous_response_id")
+            raise InvalidRequest(
+                f"The response '{made['id']}' is still running: continue from it once it has ended.",
+                param="previous_response_id",
+            )
         items += orjson.loads(input_items)
         items += made["output"]
     return items
@@ -88,7 +105,9 @@ def shown(response: dict[str, Any], include: list[str]) -> dict[str, Any]:
     return response
 
 
-def page(items: list[dict[str, Any]], *, order: str, after: str | None, before: str | None, limit: int) -> dict[str, Any]:
+def page(
+    items: list[dict[str, Any]], *, order: str, after: str | None, before: str | None, limit: int
+) -> dict[str, Any]:
     """One page of a response's input items, in the list envelope `input_items` answers with:
     `order` "desc" lists the last item first; `after` and `before` are item ids of the list in
     that order (a cursor that names no item is a 400 naming it)."""

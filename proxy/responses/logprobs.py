@@ -54,7 +54,9 @@ def _mapped_scores(content: bytes, alternatives: int | None) -> tuple[bytes, int
         entries = _decode_any(content)
     except msgspec.MsgspecError as exc:
         raise UpstreamProtocolError(f"unreadable upstream logprobs: {exc}") from None
-    return b"[%s]" % b",".join(orjson.dumps(_mapped(entry, alternatives)) for entry in entries or ()), len(entries or ())
+    return b"[%s]" % b",".join(orjson.dumps(_mapped(entry, alternatives)) for entry in entries or ()), len(
+        entries or ()
+    )
 
 
 def exact_scores(content: bytes) -> tuple[bytes, int] | None:
@@ -140,7 +142,9 @@ def _joined(arrays: list[bytes]) -> bytes:
 
 def _mapped(entry: LogprobEntry, alternatives: int | None) -> dict[str, Any]:
     score = _token_score(entry.token, entry.logprob, entry.bytes)
-    score["top_logprobs"] = [_token_score(t.token, t.logprob, t.bytes) for t in (entry.top_logprobs or ())[:alternatives]]
+    score["top_logprobs"] = [
+        _token_score(t.token, t.logprob, t.bytes) for t in (entry.top_logprobs or ())[:alternatives]
+    ]
     return score
 
 

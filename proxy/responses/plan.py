@@ -161,7 +161,9 @@ def _drop_hosted(where: str, kind: str, param: str, settings: TranslationSetting
     ignored.append(f"{where}:{kind}")
 
 
-def _offered(choice: ToolChoice | None, table: ToolTable, settings: TranslationSettings, ignored: list[str]) -> tuple[list[dict[str, Any]], Any]:
+def _offered(
+    choice: ToolChoice | None, table: ToolTable, settings: TranslationSettings, ignored: list[str]
+) -> tuple[list[dict[str, Any]], Any]:
     """The chat functions the model is offered and the chat `tool_choice`: the client's tools
     as its choice allows them (design.md 8.4). With none to offer, neither is sent: chat servers
     refuse a `tool_choice` without `tools`."""
@@ -187,7 +189,9 @@ def _offered(choice: ToolChoice | None, table: ToolTable, settings: TranslationS
         return functions, chosen
     if chosen == "required":
         raise InvalidRequest(
-            "tool_choice requires a tool call, but no function or custom tool is left to call (hosted tools are dropped).", param="tool_choice"
+            "tool_choice requires a tool call, but no function or custom tool is left to call "
+            "(hosted tools are dropped).",
+            param="tool_choice",
         )
     return [], None
 
@@ -211,7 +215,9 @@ def _response_format(text: TextConfig | None) -> dict[str, Any] | None:
 def _part_text(parts: str | list[ContentPart]) -> str:
     if isinstance(parts, str):
         return parts
-    return "".join(part.refusal if isinstance(part, Refusal) else part.text for part in parts if not isinstance(part, InputImage))
+    return "".join(
+        part.refusal if isinstance(part, Refusal) else part.text for part in parts if not isinstance(part, InputImage)
+    )
 
 
 def _text_only(message: Message) -> str:
@@ -341,7 +347,14 @@ class _Conversation:
             self._tool_images = []
 
 
-def _echo(request: CreateResponse, chat: dict[str, Any], tools: list[Tool], top_logprobs: int, effort: str | None, stored: bool) -> dict[str, Any]:
+def _echo(
+    request: CreateResponse,
+    chat: dict[str, Any],
+    tools: list[Tool],
+    top_logprobs: int,
+    effort: str | None,
+    stored: bool,
+) -> dict[str, Any]:
     """The request's settings as every Response object repeats them, as they were applied: the
     sampling ones as the chat request has them, the route's defaults included."""
     text = request.text or TextConfig()

@@ -138,7 +138,16 @@ class ItemReference(_Tagged, tag="item_reference"):
     id: Annotated[str, msgspec.Meta(min_length=1)]
 
 
-InputItem = Message | FunctionCall | FunctionCallOutput | CustomToolCall | CustomToolCallOutput | Reasoning | DroppedItem | ItemReference
+InputItem = (
+    Message
+    | FunctionCall
+    | FunctionCallOutput
+    | CustomToolCall
+    | CustomToolCallOutput
+    | Reasoning
+    | DroppedItem
+    | ItemReference
+)
 
 
 class FunctionTool(_Tagged, tag="function"):
@@ -189,7 +198,9 @@ class HostedToolChoice(_Tagged, tag=_DROPPED):
     kind: str
 
 
-ToolChoice = Literal["none", "auto", "required"] | ToolChoiceFunction | ToolChoiceCustom | ToolChoiceAllowed | HostedToolChoice
+ToolChoice = (
+    Literal["none", "auto", "required"] | ToolChoiceFunction | ToolChoiceCustom | ToolChoiceAllowed | HostedToolChoice
+)
 CHOSEN_BY_NAME = ("function", "custom")
 
 
@@ -257,9 +268,10 @@ class CreateResponse(msgspec.Struct):
     client_metadata: dict[str, Any] | None = None
     # Caps calls of hosted tools, which the model here never makes.
     max_tool_calls: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    # Accepted so that the refusal below can name them; the proxy cannot honour them.
+    # Read from the store by the HTTP layer (design.md 9.4, 10.1).
     previous_response_id: str | None = None
     background: bool | None = None
+    # Accepted so that the refusal below can name them; the proxy cannot honour them.
     prompt: Any = None
     conversation: Any = None
 
@@ -292,7 +304,9 @@ def parse_request(data: Any) -> CreateResponse:
     if isinstance(items, list):
         fields["input"] = _prepared(items)
     if "tool_choice" in data:
-        fields["tool_choice"] = _stand_in(data["tool_choice"], lambda kind: kind not in (*CHOSEN_BY_NAME, "allowed_tools"))
+        fields["tool_choice"] = _stand_in(
+            data["tool_choice"], lambda kind: kind not in (*CHOSEN_BY_NAME, "allowed_tools")
+        )
     try:
         request = msgspec.convert(fields, CreateResponse)
     except msgspec.ValidationError as exc:
@@ -318,7 +332,11 @@ def _prepared(items: list[Any]) -> list[Any]:
         item = typed_item(item)
         kind = item.get("type") if isinstance(item, dict) else None
         if isinstance(kind, str) and kind in UNHONOURED_ITEMS:
-            raise InvalidRequest(f"'{kind}' input items are not supported by this proxy: {UNHONOURED_ITEMS[kind]}.", param=f"input[{index}].type", code="unsupported_parameter")
+            raise InvalidRequest(
+                f"'{kind}' input items are not supported by this proxy: {UNHONOURED_ITEMS[kind]}.",
+                param=f"input[{index}].type",
+                code="unsupported_parameter",
+            )
         prepared.append(_stand_in(item, NO_CHAT_FORM.__contains__))
     return prepared
 
@@ -364,24 +382,38 @@ def _refuse_unsupported(request: CreateResponse) -> None:
     choice = request.tool_choice
     declared = set().union(*map(_declared, request.tools or ()))
     if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom) and (choice.namespace, choice.name) not in declared:
-        raise InvalidRequest(f"tool_choice names the tool '{choice.name}', which is not in 'tools'.", param="tool_choice.name")
+        raise InvalidRequest(
+            f"tool_choice names the tool '{choice.name}', which is not in 'tools'.", param="tool_choice.name"
+        )
     if isinstance(choice, ToolChoiceAllowed):
         for index, entry in enumerate(choice.tools):
             kind = entry.get("type")
             if not isinstance(kind, str):
-                raise InvalidRequest(f"Missing 'tool_choice.tools[{index}].type'.", param=f"tool_choice.tools[{index}].type")
+                raise InvalidRequest(
+                    f"Missing 'tool_choice.tools[{index}].type'.", param=f"tool_choice.tools[{index}].type"
+                )
             if kind not in CHOSEN_BY_NAME and kind != "namespace":
                 continue  # a hosted tool: dropped or refused by the route's policy
-            wrong = "name" if not isinstance(entry.get("name"), str) else "namespace" if not isinstance(entry.get("namespace"), str | None) else None
+            wrong = (
+                "name"
+                if not isinstance(entry.get("name"), str)
+                else "namespace"
+                if not isinstance(entry.get("namespace"), str | None)
+                else None
+            )
             if wrong is not None:
-                raise InvalidRequest(f"'tool_choice.tools[{index}].{wrong}' must be a string.", param=f"tool_choice.tools[{index}].{wrong}")
+                raise InvalidRequest(
+                    f"'tool_choice.tools[{index}].{wrong}' must be a string.",
+                    param=f"tool_choice.tools[{index}].{wrong}",
+                )
             if kind == "namespace":
                 found = entry["name"] in {namespace for namespace, _ in declared if namespace is not None}
             else:
                 found = (entry.get("namespace"), entry["name"]) in declared
             if not found:
                 raise InvalidRequest(
-                    f"tool_choice.tools[{index}] names the tool '{entry.get('name')}', which is not in 'tools'.", param=f"tool_choice.tools[{index}].name"
+                    f"tool_choice.tools[{index}] names the tool '{entry.get('name')}', which is not in 'tools'.",
+                    param=f"tool_choice.tools[{index}].name",
                 )
 
 
@@ -390,5 +422,3 @@ def _declared(tool: Tool) -> set[tuple[str | None, str]]:
     if isinstance(tool, NamespaceTool):
         return {(tool.name, member.name) for member in tool.tools}
     return set() if isinstance(tool, HostedTool) else {(None, tool.name)}
-
-

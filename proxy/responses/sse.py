@@ -106,7 +106,9 @@ class SSEDecoder:
                 data.append(line[6:] if line[5:6] == b" " else line[5:])
 
     def _refuse(self) -> None:
-        self.failure = UpstreamProtocolError(f"upstream answer too large (an SSE event over {self._max_event_size} bytes)")
+        self.failure = UpstreamProtocolError(
+            f"upstream answer too large (an SSE event over {self._max_event_size} bytes)"
+        )
         self._partial = []
         self._data.clear()
 

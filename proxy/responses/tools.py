@@ -91,7 +91,9 @@ class ToolTable:
         return self._by_chat_name.get(chat_name) or ToolRef(chat_name)
 
 
-def _chat_function(chat_name: str, tool: FunctionTool | CustomTool, namespace_description: str | None) -> dict[str, Any]:
+def _chat_function(
+    chat_name: str, tool: FunctionTool | CustomTool, namespace_description: str | None
+) -> dict[str, Any]:
     description = "\n\n".join(text for text in (namespace_description, tool.description) if text)
     if isinstance(tool, CustomTool):
         description = "\n\n".join(text for text in (description, _format_text(tool.format)) if text)

@@ -23,7 +23,18 @@ import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
 from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error
-from .lifecycle import DONE, INCOMPLETE_REASONS, TERMINAL_EVENTS, Clock, IdSource, encoded_event, error_event, new_id, response_error, usage_object
+from .lifecycle import (
+    DONE,
+    INCOMPLETE_REASONS,
+    TERMINAL_EVENTS,
+    Clock,
+    IdSource,
+    encoded_event,
+    error_event,
+    new_id,
+    response_error,
+    usage_object,
+)
 from .logprobs import ScoreBuffer
 from .plan import Call
 from .sse import DEFAULT_MAX_EVENT, SSEDecoder
@@ -271,7 +282,13 @@ class ResponseTranslator:
         message = self._message or self._open_message()
         message.parts.append(text)
         self._generating = message
-        self._emit_delta(message, "response.output_text.delta", "content_index", orjson.dumps(text), b',"logprobs":' + self._scores.take())
+        self._emit_delta(
+            message,
+            "response.output_text.delta",
+            "content_index",
+            orjson.dumps(text),
+            b',"logprobs":' + self._scores.take(),
+        )
 
     def _refusal(self, text: str) -> None:
         """A refusal is a message of its own, its one part a `refusal` (design.md 4.5)."""
@@ -303,7 +320,9 @@ class ResponseTranslator:
             if function.arguments:
                 call.arguments.append(function.arguments)
                 if call.item is not None and not call.ref.custom:
-                    self._emit_delta(call.item, "response.function_call_arguments.delta", None, orjson.dumps(function.arguments))
+                    self._emit_delta(
+                        call.item, "response.function_call_arguments.delta", None, orjson.dumps(function.arguments)
+                    )
         if call.item is None and call.call_id and call.name:
             self._open_call(call)
         self._generating = call.item or call
@@ -322,7 +341,9 @@ class ResponseTranslator:
 
     def _new_message(self, part: dict[str, Any]) -> _OpenItem:
         """A message item opened with its one content part, empty: text, or a refusal."""
-        item = self._open({"id": self._new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []})
+        item = self._open(
+            {"id": self._new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
+        )
         self._emit_part("response.content_part.added", item, part)
         return item
 
@@ -334,14 +355,28 @@ class ResponseTranslator:
         if ref.namespace is not None:
             fields["namespace"] = ref.namespace
         if ref.custom:
-            opened = {"id": self._new_id("ctc"), "type": "custom_tool_call", "status": "in_progress", **fields, "input": ""}
+            opened = {
+                "id": self._new_id("ctc"),
+                "type": "custom_tool_call",
+                "status": "in_progress",
+                **fields,
+                "input": "",
+            }
         else:
-            opened = {"id": self._new_id("fc"), "type": "function_call", "status": "in_progress", **fields, "arguments": ""}
+            opened = {
+                "id": self._new_id("fc"),
+                "type": "function_call",
+                "status": "in_progress",
+                **fields,
+                "arguments": "",
+            }
         item = call.item = self._current = self._open(opened)
         item.parts = call.arguments  # one list: fragments that come later are the item's too
         # Fragments that came before the id and name were known.
         if call.arguments and not ref.custom:
-            self._emit_delta(item, "response.function_call_arguments.delta", None, orjson.dumps("".join(call.arguments)))
+            self._emit_delta(
+                item, "response.function_call_arguments.delta", None, orjson.dumps("".join(call.arguments))
+            )
 
     def _close_current(self, status: str = "completed") -> None:
         item = self._current
@@ -535,4 +570,3 @@ class ResponseTranslator:
         self._events = []
         data = b"".join(events)
         return data + DONE if events and self.response is not None and self._streaming else data
-

@@ -131,7 +131,11 @@ class RedisBackend:
 
     async def put(self, stored: StoredResponse, items: bool) -> None:
         found = referable_items(stored) if items else []
-        keys = [self._response_key(stored.id), self._index, *(self._item_key(stored.owner, item_id) for item_id, _ in found)]
+        keys = [
+            self._response_key(stored.id),
+            self._index,
+            *(self._item_key(stored.owner, item_id) for item_id, _ in found),
+        ]
         entries = (_encode_entry(_ItemEntry(stored.id, msgspec.Raw(item))) for _, item in found)
         await self._put(keys=keys, args=[encode_stored(stored), self._ttl, stored.created_at, stored.id, *entries])
 
@@ -163,27 +167,37 @@ class RedisBackend:
         keys = [self._item_key(stored.owner, item_id) for item_id, _ in referable_items(stored)]
         entries = await self._redis.mget(keys) if keys else []
         # An item id a later response repeated (a client's own input id) now names that one.
-        mine = [key for key, entry in zip(keys, entries, strict=True) if entry is not None and _decode_entry(entry).response_id == id]
+        mine = [
+            key
+            for key, entry in zip(keys, entries, strict=True)
+            if entry is not None and _decode_entry(entry).response_id == id
+        ]
         await self._redis.delete(self._response_key(id), self._events_key(id), *mine)
         await self._redis.zrem(self._index, id)
         return True
 
     async def append(self, id: str, events: list[Event]) -> None:
-        await self._append(keys=[self._events_key(id)], args=[self._ttl, *(part for seq, event in events for part in (seq, event))])
+        await self._append(
+            keys=[self._events_key(id)], args=[self._ttl, *(part for seq, event in events for part in (seq, event))]
+        )
 
     async def read(self, id: str, after: int, wait: float) -> list[Event]:
         key = self._events_key(id)
         if wait <= 0:
             entries = cast(_Entries, await self._redis.xrange(key, min=f"({_stream_id(after)}"))
         else:
-            streams = cast("list[tuple[bytes, _Entries]]", await self._redis.xread({key: _stream_id(after)}, block=max(1, round(wait * 1000))))
+            streams = cast(
+                "list[tuple[bytes, _Entries]]",
+                await self._redis.xread({key: _stream_id(after)}, block=max(1, round(wait * 1000))),
+            )
             entries = streams[0][1] if streams else []
         return [(int(entry_id.decode().split("-")[1]) - 1, fields[b"e"]) for entry_id, fields in entries]
 
     async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Claim:
         now = time.time()
         taken, total, mine = await self._claim(
-            keys=[self._runs, self._run_key(id)], args=[id, now, now + lease, owner, holder, self._ttl, caps.total, caps.mine, self._run_key("")]
+            keys=[self._runs, self._run_key(id)],
+            args=[id, now, now + lease, owner, holder, self._ttl, caps.total, caps.mine, self._run_key("")],
         )
         return Claim(taken=bool(taken), running=Runs(int(total), int(mine)))
 

@@ -17,7 +17,8 @@ T = TypeVar("T")
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
-    id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL, expires_at REAL NOT NULL, record BLOB NOT NULL
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL, expires_at REAL NOT NULL,
+    record BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
 CREATE TABLE IF NOT EXISTS items (
@@ -107,7 +108,9 @@ class SQLiteBackend:
                     written.set_exception(error)
 
         try:
-            job = asyncio.get_running_loop().run_in_executor(self._thread, self._append, [(id, events) for id, events, _ in appends])
+            job = asyncio.get_running_loop().run_in_executor(
+                self._thread, self._append, [(id, events) for id, events, _ in appends]
+            )
         except RuntimeError as error:  # the store was closed
             job = asyncio.get_running_loop().create_future()
             job.set_exception(error)
@@ -162,7 +165,9 @@ class SQLiteBackend:
             )
             db.executemany(
                 "INSERT OR REPLACE INTO items (owner, id, response_id, expires_at, item) VALUES (?, ?, ?, ?, ?)",
-                [(stored.owner, item_id, stored.id, expires, item) for item_id, item in referable_items(stored)] if items else [],
+                [(stored.owner, item_id, stored.id, expires, item) for item_id, item in referable_items(stored)]
+                if items
+                else [],
             )
 
     async def sweep(self) -> None:
@@ -174,15 +179,20 @@ class SQLiteBackend:
             db.execute("BEGIN IMMEDIATE")
             db.execute("DELETE FROM responses WHERE expires_at < ?", (now,))
             db.execute(
-                "DELETE FROM responses WHERE id IN (SELECT id FROM responses ORDER BY created_at DESC LIMIT -1 OFFSET ?)", (self._max,)
+                "DELETE FROM responses WHERE id IN "
+                "(SELECT id FROM responses ORDER BY created_at DESC LIMIT -1 OFFSET ?)",
+                (self._max,),
             )
-            db.execute("DELETE FROM items WHERE expires_at < ? OR response_id NOT IN (SELECT id FROM responses)", (now,))
+            db.execute(
+                "DELETE FROM items WHERE expires_at < ? OR response_id NOT IN (SELECT id FROM responses)", (now,)
+            )
             db.execute("DELETE FROM events WHERE expires_at < ?", (now,))
 
     def _get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         marks = ",".join("?" * len(ids))
         rows = self._connection().execute(
-            f"SELECT record FROM responses WHERE id IN ({marks}) AND owner = ? AND expires_at >= ?", (*ids, owner, time.time())
+            f"SELECT record FROM responses WHERE id IN ({marks}) AND owner = ? AND expires_at >= ?",
+            (*ids, owner, time.time()),
         )
         found = [decode_stored(row[0]) for row in rows]
         return {stored.id: stored for stored in found}
@@ -190,7 +200,8 @@ class SQLiteBackend:
     def _items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         marks = ",".join("?" * len(ids))
         rows = self._connection().execute(
-            f"SELECT id, item FROM items WHERE owner = ? AND id IN ({marks}) AND expires_at >= ?", (owner, *ids, time.time())
+            f"SELECT id, item FROM items WHERE owner = ? AND id IN ({marks}) AND expires_at >= ?",
+            (owner, *ids, time.time()),
         )
         return {item_id: bytes(item) for item_id, item in rows}
 
@@ -220,19 +231,35 @@ class SQLiteBackend:
         with db:
             db.execute("BEGIN IMMEDIATE")
             for id, events in appends:
-                held = dict(db.execute("SELECT seq, event FROM events WHERE response_id = ? AND seq BETWEEN ? AND ?", (id, events[0][0], events[-1][0])))
+                held = dict(
+                    db.execute(
+                        "SELECT seq, event FROM events WHERE response_id = ? AND seq BETWEEN ? AND ?",
+                        (id, events[0][0], events[-1][0]),
+                    )
+                )
                 clash = next((seq for seq, event in events if held.get(seq, event) != event), None)
                 if clash is None:
-                    db.executemany("INSERT OR IGNORE INTO events (response_id, seq, expires_at, event) VALUES (?, ?, ?, ?)", [(id, seq, expires, event) for seq, event in events])
+                    db.executemany(
+                        "INSERT OR IGNORE INTO events (response_id, seq, expires_at, event) VALUES (?, ?, ?, ?)",
+                        [(id, seq, expires, event) for seq, event in events],
+                    )
                 refusals.append(None if clash is None else f"event {clash} of {id} is kept already, with other bytes")
         return refusals
 
     def _events(self, id: str, after: int) -> list[Event]:
-        rows = self._connection().execute("SELECT seq, event FROM events WHERE response_id = ? AND seq > ? ORDER BY seq", (id, after))
+        rows = self._connection().execute(
+            "SELECT seq, event FROM events WHERE response_id = ? AND seq > ? ORDER BY seq", (id, after)
+        )
         return [(seq, bytes(event)) for seq, event in rows]
 
     def _renew(self, id: str, holder: str, lease: float) -> Renewal:
-        held = self._write("UPDATE runs SET lease_until = ? WHERE response_id = ? AND holder = ?", (time.time() + lease, id, holder)) > 0
+        held = (
+            self._write(
+                "UPDATE runs SET lease_until = ? WHERE response_id = ? AND holder = ?",
+                (time.time() + lease, id, holder),
+            )
+            > 0
+        )
         row = self._connection().execute("SELECT cancel FROM runs WHERE response_id = ?", (id,)).fetchone()
         return Renewal(held=held, cancel=bool(row and row[0]))
 
@@ -241,15 +268,22 @@ class SQLiteBackend:
         now = time.time()
         with db:
             db.execute("BEGIN IMMEDIATE")
-            total, mine = db.execute("SELECT COUNT(*), COALESCE(SUM(owner = ?), 0) FROM runs WHERE lease_until >= ?", (owner, now)).fetchone()
+            total, mine = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(owner = ?), 0) FROM runs WHERE lease_until >= ?", (owner, now)
+            ).fetchone()
             running = Runs(int(total), int(mine))
             if total >= caps.total or mine >= caps.mine:
                 return Claim(taken=False, running=running)
-            db.execute("INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)", (id, owner, holder, now + lease))
+            db.execute(
+                "INSERT OR REPLACE INTO runs (response_id, owner, holder, lease_until) VALUES (?, ?, ?, ?)",
+                (id, owner, holder, now + lease),
+            )
         return Claim(taken=True, running=running)
 
     def _expired(self) -> list[tuple[str, str]]:
-        return list(self._connection().execute("SELECT response_id, owner FROM runs WHERE lease_until < ?", (time.time(),)))
+        return list(
+            self._connection().execute("SELECT response_id, owner FROM runs WHERE lease_until < ?", (time.time(),))
+        )
 
     def _close(self) -> None:
         if self._db is not None:

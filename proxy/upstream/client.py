@@ -27,7 +27,14 @@ import orjson
 from aiohttp import hdrs
 
 from ..config import HealthCheck, Timeouts, Upstream
-from ..errors import ProxyError, UpstreamBusy, UpstreamNotReached, UpstreamProtocolError, UpstreamTimeout, UpstreamUnreachable
+from ..errors import (
+    ProxyError,
+    UpstreamBusy,
+    UpstreamNotReached,
+    UpstreamProtocolError,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+)
 from ..responses.chat import upstream_error
 
 _MAX_ERROR_BODY = 64 * 1024
@@ -77,7 +84,9 @@ class _Failures:
 
     def redirect(self, status: int) -> UpstreamProtocolError:
         self._hook(self._name, "redirect")
-        return UpstreamProtocolError(f"upstream {self._name} answered with a redirect ({status}), which the proxy does not follow")
+        return UpstreamProtocolError(
+            f"upstream {self._name} answered with a redirect ({status}), which the proxy does not follow"
+        )
 
     async def guard(self, operation: Awaitable[T], timeout: float, deadline: float | None) -> T:
         """`operation` within `timeout` (and the exchange's `deadline`), its failures ours."""
@@ -130,9 +139,21 @@ class Exchange:
     not by a timeout context per read: a stream makes thousands of reads a second.
     """
 
-    __slots__ = ("response", "_content", "_loop", "_config", "_timeouts", "_failures", "_deadline", "_waiting_since", "_timer")
+    __slots__ = (
+        "response",
+        "_content",
+        "_loop",
+        "_config",
+        "_timeouts",
+        "_failures",
+        "_deadline",
+        "_waiting_since",
+        "_timer",
+    )
 
-    def __init__(self, response: aiohttp.ClientResponse, config: Upstream, failures: _Failures, deadline: float | None) -> None:
+    def __init__(
+        self, response: aiohttp.ClientResponse, config: Upstream, failures: _Failures, deadline: float | None
+    ) -> None:
         self.response = response
         self._content = response.content
         # Looked up once: on Python 3.11 every get_running_loop() is a getpid() system call.
@@ -148,7 +169,9 @@ class Exchange:
         """A whole non-streaming body, within `max_answer_bytes` (design.md 6.11): generated
         before it is sent, so it gets `first_byte`."""
         return await self._failures.guard(
-            _read_bounded(self.response, self._config.max_answer_bytes, self._failures), self._timeouts.first_byte, self._deadline
+            _read_bounded(self.response, self._config.max_answer_bytes, self._failures),
+            self._timeouts.first_byte,
+            self._deadline,
         )
 
     async def read_chunk(self) -> bytes:
@@ -327,7 +350,9 @@ class UpstreamClient:
             if not self._in_flight:
                 self._idle.set()
 
-    async def _answered(self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None) -> tuple[aiohttp.ClientResponse, Replica]:
+    async def _answered(
+        self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None
+    ) -> tuple[aiohttp.ClientResponse, Replica]:
         """`_send`, unless `end_exchanges` ends the wait first: then with its error; after it
         (a request that waited for a place in the pool meanwhile), nothing is sent."""
         if self._ending is not None:
@@ -376,12 +401,16 @@ class UpstreamClient:
         turn = next(self._turn) % len(usable)
         return sorted(usable[turn:] + usable[:turn], key=lambda replica: replica.outstanding)
 
-    async def _send(self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None) -> tuple[aiohttp.ClientResponse, Replica]:
+    async def _send(
+        self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None
+    ) -> tuple[aiohttp.ClientResponse, Replica]:
         refused: list[str] = []
         for replica in self._candidates():
             replica.outstanding += 1
             try:
-                response = await self._failures.guard(self._post(replica.url + path, data, headers), self.config.timeouts.first_byte, deadline)
+                response = await self._failures.guard(
+                    self._post(replica.url + path, data, headers), self.config.timeouts.first_byte, deadline
+                )
             except UpstreamNotReached as error:
                 replica.outstanding -= 1
                 replica.ejected_until = time.monotonic() + self.config.eject_seconds
@@ -444,4 +473,3 @@ async def _error_body(response: aiohttp.ClientResponse) -> bytes:
         return await response.content.read(_MAX_ERROR_BODY)
     except aiohttp.ClientError:
         return b""
-

@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from proxy.api.common import load_json
 from proxy.errors import InvalidRequest
+from proxy.responses.body import load_json
 from proxy.responses.plan import Call, TranslationSettings, plan_call
 from proxy.responses.schema import parse_request
 from tests.client import LOGPROBS
