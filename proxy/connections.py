@@ -51,27 +51,18 @@ class ConnectionGuard:
         return _Guarded(self, self._factory())
 
     def refused(self, transport: asyncio.Transport) -> None:
-        held = self._refusals.allow()
-        if held is not None:
-            peer = transport.get_extra_info("peername")
-            log.warning(
-                "refused a connection from %s: %d open, the limit (connections.max); %d more since",
-                peer,
-                self.open,
-                held,
-            )
-        transport.abort()
+        message = "refused a connection from %s: %d open, the limit (connections.max); %d more since"
+        self._drop(transport, self._refusals, message, self.open)
 
     def too_slow(self, transport: asyncio.Transport) -> None:
-        held = self._slow.allow()
+        message = "closed a connection from %s: no request headers within %g s; %d more since"
+        self._drop(transport, self._slow, message, self.header_timeout)
+
+    def _drop(self, transport: asyncio.Transport, throttle: Throttle, message: str, detail: float) -> None:
+        """Close a connection, logged at most once a second for each kind (design.md 5.11)."""
+        held = throttle.allow()
         if held is not None:
-            peer = transport.get_extra_info("peername")
-            log.warning(
-                "closed a connection from %s: no request headers within %g s; %d more since",
-                peer,
-                self.header_timeout,
-                held,
-            )
+            log.warning(message, transport.get_extra_info("peername"), detail, held)
         transport.abort()
 
 
