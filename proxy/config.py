@@ -102,6 +102,15 @@ class Upstream(_Section, frozen=True):
     # The role of system and developer messages after the conversation began: `user` for chat
     # templates that refuse a second system message (Gemma, Mistral, Llama).
     late_system_messages: Literal["system", "user"] = "system"
+    # Several replicas: `session` sends every turn of a session to the replica that holds its
+    # prefix cache, while it carries under `load_factor` times the mean load (design.md 11.2);
+    # `least_outstanding` balances each request alone.
+    balance: Literal["session", "least_outstanding"] = "session"
+    load_factor: Annotated[float, msgspec.Meta(ge=1.0)] = 1.25
+    affinity_ttl: Seconds = 3600.0  # how long a session keeps its replica after its last turn
+    # A header that names the session to an upstream that routes sessions itself (an Inference
+    # Gateway's endpoint picker: x-session-id; SGLang's model gateway: x-smg-routing-key).
+    session_header: str | None = None
 
     def key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else self.api_key
@@ -140,6 +149,8 @@ class Requests(_Section, frozen=True):
     # Nesting levels a request body may have: far above any real JSON schema, far below what
     # would exhaust an encoder (design.md 5.8).
     max_depth: Annotated[int, msgspec.Meta(ge=8, le=200)] = 128
+    # The request headers that name a session, first found first (design.md 11.1).
+    session_headers: tuple[str, ...] = ("session-id", "session_id", "x-session-id")
 
 
 class Reasoning(_Section, frozen=True):

@@ -66,6 +66,26 @@ class Metrics:
         self.output_tokens = Labelled(
             Counter("proxy_output_tokens", "Tokens generated, from upstream usage.", ["route"], registry=self.registry)
         )
+        self.prompt_tokens = Labelled(
+            Counter("proxy_prompt_tokens", "Prompt tokens, from upstream usage.", ["upstream"], registry=self.registry)
+        )
+        self.cached_prompt_tokens = Labelled(
+            Counter(
+                "proxy_cached_prompt_tokens",
+                "Prompt tokens the upstream found in its prefix cache, from its usage.",
+                ["upstream"],
+                registry=self.registry,
+            )
+        )
+        self.affinity = Labelled(
+            Counter(
+                "proxy_session_routes",
+                "Calls of a session on an upstream of several replicas, by how its replica was found: "
+                "hit (the session's), new (a session not seen), spill (its replica was down or over its load bound).",
+                ["upstream", "outcome"],
+                registry=self.registry,
+            )
+        )
         self.upstream_errors = Labelled(
             Counter(
                 "proxy_upstream_errors",
@@ -104,6 +124,9 @@ class Metrics:
 
     def upstream_error(self, upstream: str, kind: str) -> None:
         self.upstream_errors.labels(upstream, kind).inc()
+
+    def session_route(self, upstream: str, outcome: str) -> None:
+        self.affinity.labels(upstream, outcome).inc()
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

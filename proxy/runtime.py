@@ -17,6 +17,7 @@ from .responses.sealing import Sealer, derive_key
 from .store import ResponseStore
 from .store.redis import RedisBackend
 from .store.sqlite import SQLiteBackend
+from .upstream.affinity import AffinityMap, LocalAffinity
 from .upstream.client import UpstreamClient
 
 log = logging.getLogger("proxy")
@@ -28,10 +29,10 @@ class Runtime:
         self.draining = False
         self.config = config
         self.api_keys = config.auth.keys()
+        self.store = open_store(config.store, metrics)
         self.clients = self._clients(config, {})
         self._secret = config.reasoning.secret()
         self.sealer = self._new_sealer()
-        self.store = open_store(config.store, metrics)
         self.background = None if self.store is None else BackgroundRuns(self.store, config.background)
         self._retiring: dict[UpstreamClient, asyncio.Task[None]] = {}
 
@@ -113,12 +114,23 @@ class Runtime:
         for upstream in config.upstreams:
             previous = old.get(upstream.name)
             unchanged = previous is not None and previous.config == upstream
-            clients[upstream.name] = (
-                previous
-                if previous is not None and unchanged
-                else UpstreamClient(upstream, self.metrics.upstream_error)
-            )
+            if previous is not None and unchanged:
+                clients[upstream.name] = previous
+            else:
+                affinity = self._affinity(upstream)
+                metrics = self.metrics
+                clients[upstream.name] = UpstreamClient(
+                    upstream, metrics.upstream_error, affinity, metrics.session_route
+                )
         return clients
+
+    def _affinity(self, upstream: config_module.Upstream) -> AffinityMap:
+        """Where sessions keep their replicas: in Redis when the store is (every gateway replica
+        sees a spill), else in this process (design.md 11.3)."""
+        backend = None if self.store is None else self.store.backend
+        if isinstance(backend, RedisBackend):
+            return backend.affinity(upstream.name, upstream.affinity_ttl)
+        return LocalAffinity(upstream.affinity_ttl)
 
 
 def open_store(settings: config_module.Store, metrics: Metrics) -> ResponseStore | None:

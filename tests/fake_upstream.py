@@ -69,6 +69,8 @@ class Generation:
     completion_tokens: int | None = None  # None: the number of scores, else of content steps
     reasoning_tokens: int = 0
     cached_tokens: int = 0
+    # llama.cpp: older servers count cached prompt tokens only in `timings.cache_n`.
+    cached_in_usage: bool = True
     dialect: Dialect = "sglang"
     model: str = "fake-model"
     # Fixed per generation so that rendering it twice gives the same bytes.
@@ -103,7 +105,8 @@ class Generation:
         }
         cached = {"cached_tokens": self.cached_tokens}
         if self._llama:
-            usage["prompt_tokens_details"] = cached
+            if self.cached_in_usage:
+                usage["prompt_tokens_details"] = cached
         elif self._sglang:
             usage["prompt_tokens_details"] = cached if self.cached_tokens else None
             usage["reasoning_tokens"] = self.reasoning_tokens
@@ -112,6 +115,9 @@ class Generation:
                 usage["prompt_tokens_details"] = cached
             usage["completion_tokens_details"] = {"reasoning_tokens": self.reasoning_tokens}
         return usage
+
+    def _timings(self) -> dict[str, Any]:
+        return {**LLAMA_TIMINGS, "cache_n": self.cached_tokens}
 
     def _head(self, obj: str) -> dict[str, Any]:
         head = {
@@ -205,7 +211,7 @@ class Generation:
         if usage:
             tail = {**self._head("chat.completion.chunk"), "choices": [], "usage": self.usage()}
             if self._llama:
-                tail["timings"] = LLAMA_TIMINGS
+                tail["timings"] = self._timings()
             out.append(tail)
         return out
 
@@ -252,7 +258,7 @@ class Generation:
             choice["matched_stop"] = EOS_TOKEN_ID if finish == "stop" else None
             out["metadata"] = None
         elif self._llama:
-            out["timings"] = LLAMA_TIMINGS
+            out["timings"] = self._timings()
         else:
             choice["stop_reason"] = None
         return out

@@ -29,8 +29,9 @@ HEALTH_PROBE = {"path": "/health", "interval": 0.1}
 
 
 def pool(*urls: str, **keys: Any) -> Config:
-    """One upstream over these replicas, serving every model."""
-    return parse({"upstreams": [{"name": "pool", "urls": list(urls), **keys}]})
+    """One upstream over these replicas, serving every model, each call balanced alone: the
+    balancing these tests are about (sessions are test_sessions.py's, design.md 11)."""
+    return parse({"upstreams": [{"name": "pool", "urls": list(urls), "balance": "least_outstanding", **keys}]})
 
 
 def port_of(fake: FakeUpstream) -> int:

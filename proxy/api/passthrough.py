@@ -7,6 +7,8 @@ from aiohttp import hdrs, web
 from ..appkeys import RUNTIME
 from ..errors import InvalidRequest
 from ..responses.body import load_json
+from ..responses.session import chat_session, from_headers
+from ..upstream.affinity import Session
 from .body import read_body
 from .common import find_target, upstream_headers
 from .streaming import ClientWatch, cut_short_on_failure
@@ -20,7 +22,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("'model' must be a string.", param="model")
     target, client = find_target(request, model)
     sent = {**data, "model": target.model} if target.model != model else body
-    async with client.post(request.path, sent, upstream_headers(request), relayed=True) as exchange:
+    key = chat_session(data, from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers))
+    session = None if key is None else Session(key)
+    async with client.post(request.path, sent, upstream_headers(request), relayed=True, session=session) as exchange:
         upstream = exchange.response
         headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json")}
         if hdrs.CONTENT_ENCODING in upstream.headers:  # the bytes go as they came: say how (design.md 6.10)

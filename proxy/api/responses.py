@@ -19,12 +19,14 @@ from ..responses.body import load_json
 from ..responses.plan import TranslationSettings, plan_call
 from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
+from ..responses.session import from_headers, response_session
 from ..responses.translate import ResponseTranslator
+from ..upstream.affinity import Session
 from ..upstream.client import Exchange
 from . import background
 from .body import read_body
 from .common import find_target, json_response, upstream_headers
-from .stored import read_history, stored_form
+from .stored import History, read_history, stored_form
 from .streaming import ClientWatch, EventStream
 
 CHAT_PATH = "/v1/chat/completions"
@@ -48,7 +50,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
     _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
 
-    as_stored = stored_form(request, data, past) if stored else None
+    session = _session(request, past)
+    as_stored = stored_form(request, data, past, session) if stored else None
 
     async def keep(response: dict[str, Any]) -> None:
         if store is not None and as_stored is not None:
@@ -61,7 +64,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     )
 
     def post() -> AbstractAsyncContextManager[Exchange]:
-        return client.post(CHAT_PATH, call.chat, upstream_headers(request))
+        return client.post(CHAT_PATH, call.chat, upstream_headers(request), session=session)
 
     if call.background:
         return await background.start(request, translator, as_stored, post, stream=call.stream)
@@ -79,8 +82,20 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         response, output = await _failed_stream(request, translator, error, keep)
     usage = output and output["usage"]
     if usage:
-        runtime.metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
+        metrics = runtime.metrics
+        metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
+        metrics.prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens"])
+        metrics.cached_prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens_details"]["cached_tokens"])
     return response
+
+
+def _session(request: web.Request, past: History) -> Session:
+    """The call's session (design.md 11.1); a turn of the session of the response it continues
+    is sent first to the replica that served that one."""
+    previous = past.previous
+    header = from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers)
+    key = response_session(past.request, header, previous.session if previous else None)
+    return Session(key, previous.replica if previous is not None and previous.session == key else None)
 
 
 def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:

@@ -17,6 +17,7 @@ from ..responses import history
 from ..responses.lifecycle import new_id, running
 from ..responses.schema import CreateResponse
 from ..store import StoredResponse
+from ..upstream.affinity import Session
 from . import background
 from .common import find_stored, json_response, store_of
 
@@ -31,6 +32,7 @@ class History:
     request: CreateResponse  # with its input expanded: the chain's items, then its own
     ancestors: list[str]  # kept with its response
     referenced: dict[str, dict[str, Any]]
+    previous: StoredResponse | None = None  # the response it continues
 
 
 async def read_history(request: web.Request, parsed: CreateResponse) -> History:
@@ -48,6 +50,7 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
     owner = request[OWNER]
     ancestors: list[str] = []
     chain: list[StoredResponse] = []
+    previous = None
     if previous_id is not None:
         previous = await store.get(previous_id, owner)
         if previous is None:
@@ -66,10 +69,10 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
         chain = [*(found[id] for id in previous.ancestors), previous]
     referenced = {id: orjson.loads(item) for id, item in (await store.items(wanted, owner) if wanted else {}).items()}
     items = history.chain_items([(bytes(stored.input_items), bytes(stored.response)) for stored in chain])
-    return History(history.expand(parsed, items, referenced), ancestors, referenced)
+    return History(history.expand(parsed, items, referenced), ancestors, referenced, previous)
 
 
-def stored_form(request: web.Request, data: dict[str, Any], past: History) -> AsStored:
+def stored_form(request: web.Request, data: dict[str, Any], past: History, session: Session) -> AsStored:
     """How a request's response is kept: its input items encoded once, so that every copy of
     a response kept while it runs (design.md 10.2) names them by the same ids."""
     input_items = msgspec.Raw(orjson.dumps(history.stored_input(data["input"], past.referenced, new_id)))
@@ -84,6 +87,8 @@ def stored_form(request: web.Request, data: dict[str, Any], past: History) -> As
             input_items=input_items,
             ancestors=past.ancestors,
             referenced=list(past.referenced),
+            session=session.key,
+            replica=session.served_by,
         )
 
     return as_stored

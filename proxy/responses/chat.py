@@ -88,9 +88,14 @@ class Usage(msgspec.Struct, gc=False):
     reasoning_tokens: int | None = None  # SGLang reports it here, not in the details
 
 
+class Timings(msgspec.Struct, gc=False):
+    cache_n: int | None = None  # prompt tokens llama.cpp found in its cache
+
+
 class Chunk(msgspec.Struct, gc=False):
     choices: list[Choice] | None = None
     usage: Usage | None = None
+    timings: Timings | None = None  # llama.cpp's, beside its usage
     # An error frame: vLLM's and SGLang's nested `{"error": {...}}`, or SGLang's flat error
     # body `{"object": "error", ...}` sent as a frame. Read by `upstream_error`.
     error: Any = None
@@ -98,6 +103,18 @@ class Chunk(msgspec.Struct, gc=False):
 
 
 decode_chunk = msgspec.json.Decoder(Chunk).decode
+
+
+def usage_of(chunk: Chunk) -> Usage | None:
+    """The chunk's usage, its cached prompt tokens taken from llama.cpp's `timings.cache_n`
+    where the usage itself has none (design.md 5.2)."""
+    usage, timings = chunk.usage, chunk.timings
+    if usage is None or timings is None or timings.cache_n is None:
+        return usage
+    details = usage.prompt_tokens_details
+    if details is not None and details.cached_tokens is not None:
+        return usage
+    return msgspec.structs.replace(usage, prompt_tokens_details=PromptTokensDetails(cached_tokens=timings.cache_n))
 
 
 class ChunkShape:

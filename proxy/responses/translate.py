@@ -22,7 +22,7 @@ import msgspec
 import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
-from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error
+from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error, usage_of
 from .lifecycle import (
     DONE,
     INCOMPLETE_REASONS,
@@ -233,7 +233,7 @@ class ResponseTranslator:
         """Whether the chunk's scores, if any, needed no mapping."""
         exact = True
         if chunk.usage is not None:
-            self._usage = chunk.usage
+            self._usage = usage_of(chunk)
         for choice in chunk.choices or ():
             if choice.index != 0:
                 continue

@@ -24,6 +24,10 @@ class StoredResponse(msgspec.Struct, gc=False):
     # Input items that were `item_reference`s: they stay the items of the responses that made
     # them, so that this one's end (deleted, expired) leaves them referable (design.md 9.4).
     referenced: list[str] = []
+    # The session it belongs to and the replica that served it: a turn chained on it goes
+    # there, where its prefix is cached (design.md 11.1).
+    session: str | None = None
+    replica: str | None = None
 
 
 encode_stored = msgspec.json.Encoder().encode

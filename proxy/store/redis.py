@@ -4,13 +4,22 @@ response ids by age bounds how many are kept."""
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import time
-from typing import cast
+from collections.abc import Awaitable
+from typing import TypeVar, cast
 
 import msgspec
 from redis.asyncio import Redis
 
 from .backend import Claim, Event, Renewal, Runs, StoredResponse, decode_stored, encode_stored, referable_items
+
+log = logging.getLogger("proxy.store")
+T = TypeVar("T")
+# The longest a call's routing waits on the session map: a Redis answers in a millisecond when
+# well, and a call is routed by its hash alone when not.
+_ROUTING_WAIT = 0.25
 
 # A run's lease lives in a sorted set (score: when it ends) and its owner, holder and cancel flag
 # in a hash; claiming within the caps, renewing and taking over read and write them in one step.
@@ -108,6 +117,7 @@ class RedisBackend:
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
+        self._timeout = timeout
 
     def _response_key(self, id: str) -> str:
         return f"{self._prefix}response:{id}"
@@ -233,6 +243,45 @@ class RedisBackend:
 
     async def close(self) -> None:
         await self._redis.aclose()
+
+    def affinity(self, upstream: str, ttl: float) -> RedisAffinity:
+        """The session map of an upstream, shared by every gateway replica on this server."""
+        wait = min(self._timeout, _ROUTING_WAIT)
+        return RedisAffinity(self._redis, f"{self._prefix}session:{upstream}:", ttl, wait)
+
+
+class RedisAffinity:
+    """Session -> replica in Redis, each key living `ttl` seconds after its last use
+    (`upstream.affinity.AffinityMap`). A routing decision waits on it for at most `timeout`;
+    past that, or when Redis fails, the session is routed by its hash alone (design.md 11.3)."""
+
+    def __init__(self, redis: Redis, prefix: str, ttl: float, timeout: float) -> None:
+        self._redis = redis
+        self._prefix = prefix
+        self._ttl = max(1, round(ttl))
+        self._timeout = timeout
+        self._failing = False
+
+    async def get(self, key: str) -> str | None:
+        found = await self._guarded(self._redis.getex(self._prefix + key, ex=self._ttl))
+        return found.decode() if isinstance(found, bytes) else None
+
+    async def set(self, key: str, replica: str) -> None:
+        await self._guarded(self._redis.set(self._prefix + key, replica, ex=self._ttl))
+
+    async def _guarded(self, command: Awaitable[T]) -> T | None:
+        try:
+            async with asyncio.timeout(self._timeout):
+                answer = await command
+        except Exception as exc:  # whatever broke, the session goes by its hash
+            if not self._failing:
+                log.warning("the session map in Redis is failing (%r): sessions are routed by their hash", exc)
+            self._failing = True
+            return None
+        if self._failing:
+            log.warning("the session map in Redis works again")
+        self._failing = False
+        return answer
 
 
 def _stream_id(seq: int) -> str:

@@ -5,7 +5,9 @@ could not be opened is `UpstreamNotReached`, one that broke `UpstreamUnreachable
 timeout `UpstreamTimeout` (504), an error status whatever the core's parser makes of the body
 (design.md 6.6).
 
-Balancing: least outstanding requests, ties taken in turn. A replica that refuses a
+Balancing: a call with a session goes to its session's replica, within a bound on load
+(`affinity.py`, design.md 11.2); one without, or an upstream set to `least_outstanding`, to the
+replica with the fewest outstanding requests, ties taken in turn. A replica that refuses a
 connection is skipped for `eject_seconds` (passive); with `health_check` set, a probe takes
 failing replicas out and brings them back (active). A request moves to another replica only
 when it never reached one: once a request was sent, a retry could run a generation twice.
@@ -36,6 +38,7 @@ from ..errors import (
     UpstreamUnreachable,
 )
 from ..responses.chat import upstream_error
+from .affinity import HIT, NEW, SPILL, AffinityMap, Session, choose, salt_of
 
 _MAX_ERROR_BODY = 64 * 1024
 _DRAIN_TIMEOUT = 1.0
@@ -43,6 +46,7 @@ _DRAIN_TIMEOUT = 1.0
 _NOT_SENT = (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError)
 
 ErrorHook = Callable[[str, str], None]  # (upstream name, error kind)
+RouteHook = Callable[[str, str], None]  # (upstream name, how a session's replica was found)
 T = TypeVar("T")
 
 
@@ -120,10 +124,11 @@ class _PoolConnector(aiohttp.TCPConnector):
 
 
 class Replica:
-    __slots__ = ("url", "outstanding", "ejected_until", "healthy")
+    __slots__ = ("url", "salt", "outstanding", "ejected_until", "healthy")
 
     def __init__(self, url: str) -> None:
         self.url = url.rstrip("/")
+        self.salt = salt_of(self.url)
         self.outstanding = 0
         self.ejected_until = 0.0
         self.healthy = True
@@ -239,9 +244,19 @@ class Exchange:
 
 
 class UpstreamClient:
-    def __init__(self, config: Upstream, on_error: ErrorHook | None = None) -> None:
+    def __init__(
+        self,
+        config: Upstream,
+        on_error: ErrorHook | None = None,
+        affinity: AffinityMap | None = None,
+        on_route: RouteHook | None = None,
+    ) -> None:
         self.config = config
         self.replicas = [Replica(url) for url in config.urls]
+        # Sessions are pinned only where there is a choice to make, and the upstream asks for it.
+        several = len(self.replicas) > 1 and config.balance == "session"
+        self._affinity = affinity if several else None
+        self._on_route = on_route or (lambda upstream, outcome: None)
         self._turn = itertools.count()
         self._failures = _Failures(config.name, on_error or (lambda upstream, kind: None))
         self._in_flight = 0
@@ -306,10 +321,18 @@ class UpstreamClient:
 
     @asynccontextmanager
     async def post(
-        self, path: str, body: dict[str, Any] | bytes, headers: dict[str, str] | None = None, *, relayed: bool = False
+        self,
+        path: str,
+        body: dict[str, Any] | bytes,
+        headers: dict[str, str] | None = None,
+        *,
+        relayed: bool = False,
+        session: Session | None = None,
     ) -> AsyncIterator[Exchange]:
         """POST and yield the exchange once response headers arrived with a success status.
-        An answer the proxy reads must not be compressed; one it only `relayed` may be.
+        An answer the proxy reads must not be compressed; one it only `relayed` may be. A call
+        of a `session` goes to its replica, and names its key to an upstream that routes
+        sessions itself (`session_header`, design.md 11.4).
 
         Leaving the block before the body's end (a client gone, an error) closes the
         connection, which is how SGLang and vLLM learn to stop generating; a body read to
@@ -318,13 +341,15 @@ class UpstreamClient:
         # aiohttp holds the body until the answer ends, and orjson's output keeps 4 kB of room
         # whatever its length: held as an exact copy (design.md 7.1).
         data = body if isinstance(body, bytes) else bytes(memoryview(orjson.dumps(body)))
+        if session is not None and self.config.session_header:
+            headers = {**(headers or {}), self.config.session_header: session.key}
         total = self.config.timeouts.total
         deadline = asyncio.get_running_loop().time() + total if total else None
         await self._take_slot()
         self._in_flight += 1
         self._idle.clear()
         try:
-            response, replica = await self._answered(path, data, headers, deadline)
+            response, replica = await self._answered(path, data, headers, deadline, session)
             try:
                 if response.status >= 400:
                     raise self._failures.status(response.status, await _error_body(response))
@@ -351,7 +376,7 @@ class UpstreamClient:
                 self._idle.set()
 
     async def _answered(
-        self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None
+        self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None, session: Session | None
     ) -> tuple[aiohttp.ClientResponse, Replica]:
         """`_send`, unless `end_exchanges` ends the wait first: then with its error; after it
         (a request that waited for a place in the pool meanwhile), nothing is sent."""
@@ -361,7 +386,7 @@ class UpstreamClient:
         assert task is not None
         self._sending.add(task)
         try:
-            return await self._send(path, data, headers, deadline)
+            return await self._send(path, data, headers, deadline, session)
         except asyncio.CancelledError:
             error = self._ended.pop(task, None)
             if error is None:
@@ -393,19 +418,32 @@ class UpstreamClient:
 
     def _candidates(self) -> list[Replica]:
         """Available replicas, fewest outstanding requests first, ties taken in turn."""
-        replicas = self.replicas
-        if len(replicas) == 1:
-            return replicas
-        now = time.monotonic()
-        usable = [replica for replica in replicas if replica.available(now)] or replicas
+        if len(self.replicas) == 1:
+            return self.replicas
+        usable = self._usable()
         turn = next(self._turn) % len(usable)
         return sorted(usable[turn:] + usable[:turn], key=lambda replica: replica.outstanding)
 
+    def _usable(self) -> list[Replica]:
+        """The available replicas; all of them when none is, rather than none."""
+        now = time.monotonic()
+        return [replica for replica in self.replicas if replica.available(now)] or self.replicas
+
     async def _send(
-        self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None
+        self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None, session: Session | None
     ) -> tuple[aiohttp.ClientResponse, Replica]:
+        affinity = self._affinity if session is not None else None
+        if affinity is None or session is None:
+            pinned, candidates = None, self._candidates()
+        else:
+            pinned = session.previous or await affinity.get(session.key)
+            candidates = choose(session.key, pinned, self._usable(), self.config.load_factor)
+        mapped = pinned
         refused: list[str] = []
-        for replica in self._candidates():
+        for replica in candidates:
+            if affinity is not None and session is not None and replica.url != mapped:
+                await affinity.set(session.key, replica.url)  # before it is sent: the next turn may come first
+                mapped = replica.url
             replica.outstanding += 1
             try:
                 response = await self._failures.guard(
@@ -419,6 +457,10 @@ class UpstreamClient:
                 replica.outstanding -= 1
                 raise
             else:
+                if session is not None:
+                    session.served_by = replica.url
+                if affinity is not None:
+                    self._on_route(self.config.name, HIT if replica.url == pinned else NEW if pinned is None else SPILL)
                 return response, replica
         raise UpstreamNotReached(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
 

@@ -1,0 +1,106 @@
+"""Session affinity with bounded load (design.md 11.2): every turn of a session goes to the
+replica that served the last one, which holds its prefix cache, while that replica is up and
+carries no more than `load_factor` times its share of the requests in flight; else to the next
+replica in the session's own order (rendezvous hashing), which keeps it from then on.
+
+Two gateway replicas agree on a session's replica without talking: its order depends only on
+its key and the replica list. Where they share a Redis store they share the map as well, so a
+session that spilled on one is found where it went on the other."""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import time
+from collections import OrderedDict
+from collections.abc import Sequence
+from typing import Protocol, TypeVar
+
+HIT, NEW, SPILL = "hit", "new", "spill"  # how a session's replica was found, for the metrics
+
+
+class Session:
+    """A call's session as the upstream client routes it: its key, the replica its previous
+    response came from (a hint from the stored chain), and, once sent, the replica it went to."""
+
+    __slots__ = ("key", "previous", "served_by")
+
+    def __init__(self, key: str, previous: str | None = None) -> None:
+        self.key = key
+        self.previous = previous
+        self.served_by: str | None = None
+
+
+class AffinityMap(Protocol):
+    """Session key -> the replica URL that serves it, kept `ttl` seconds after its last use. A
+    map that fails answers as one that does not know the session: routing never waits on it
+    for long, and never fails a request."""
+
+    async def get(self, key: str) -> str | None: ...
+
+    async def set(self, key: str, replica: str) -> None: ...
+
+
+class LocalAffinity:
+    """This process's map: the least recently used sessions go past `size`."""
+
+    def __init__(self, ttl: float, size: int = 100_000) -> None:
+        self._ttl = ttl
+        self._size = size
+        self._replicas: OrderedDict[str, tuple[str, float]] = OrderedDict()
+
+    async def get(self, key: str) -> str | None:
+        found = self._replicas.get(key)
+        now = time.monotonic()
+        if found is None or found[1] < now:
+            return None
+        self._replicas[key] = (found[0], now + self._ttl)
+        self._replicas.move_to_end(key)
+        return found[0]
+
+    async def set(self, key: str, replica: str) -> None:
+        self._replicas[key] = (replica, time.monotonic() + self._ttl)
+        self._replicas.move_to_end(key)
+        if len(self._replicas) > self._size:
+            self._replicas.popitem(last=False)
+
+
+class Weighted(Protocol):
+    url: str
+    salt: bytes
+    outstanding: int
+
+
+R = TypeVar("R", bound=Weighted)
+
+
+def ranked(key: str, replicas: Sequence[R]) -> list[R]:
+    """The session's own order of the replicas: highest random weight first. Replicas that come
+    or go move only the sessions whose first choice they were."""
+    data = key.encode()
+
+    def weight(replica: R) -> bytes:
+        return hashlib.blake2b(data, digest_size=8, salt=replica.salt).digest()
+
+    return sorted(replicas, key=weight, reverse=True)
+
+
+def salt_of(url: str) -> bytes:
+    """A replica's salt in the rendezvous hash: its URL's, the same in every process."""
+    return hashlib.blake2b(url.encode(), digest_size=16).digest()
+
+
+def choose(key: str, pinned: str | None, usable: Sequence[R], load_factor: float) -> list[R]:
+    """The replicas to try, in order: the pinned one if it is usable and under the bound, else
+    the first in the session's order that is; then the others under the bound, in that order;
+    then the rest, fewest in flight first. The bound is `load_factor` times the mean of what is
+    in flight with this request counted, rounded up (consistent hashing with bounded loads)."""
+    cap = math.ceil(load_factor * (sum(replica.outstanding for replica in usable) + 1) / len(usable))
+    order = ranked(key, usable)
+    under = [replica for replica in order if replica.outstanding < cap]
+    first = next((replica for replica in under if replica.url == pinned), None)
+    if first is not None:
+        under.remove(first)
+        under.insert(0, first)
+    over = sorted((replica for replica in order if replica.outstanding >= cap), key=lambda replica: replica.outstanding)
+    return under + over
