@@ -22,8 +22,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
         raise InvalidRequest("'model' must be a string.", param="model")
     target, client = find_target(request, model)
     sent = {**data, "model": target.model} if target.model != model else body
-    key = chat_session(data, from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers))
-    session = None if key is None else Session(key)
+    session = None
+    if client.keyed:
+        key = chat_session(data, from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers))
+        session = None if key is None else Session(key)
     async with client.post(request.path, sent, upstream_headers(request), relayed=True, session=session) as exchange:
         upstream = exchange.response
         headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json")}

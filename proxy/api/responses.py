@@ -50,7 +50,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
     _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
 
-    session = _session(request, past)
+    session = _session(request, past) if client.keyed else None
     as_stored = stored_form(request, data, past, session) if stored else None
 
     async def keep(response: dict[str, Any]) -> None:
@@ -90,8 +90,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
 
 
 def _session(request: web.Request, past: History) -> Session:
-    """The call's session (design.md 11.1); a turn of the session of the response it continues
-    is sent first to the replica that served that one."""
+    """The call's session (design.md 11.1), for an upstream where it changes where the call
+    goes; a turn of the session of the response it continues is sent first to the replica that
+    served that one."""
     previous = past.previous
     header = from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers)
     key = response_session(past.request, header, previous.session if previous else None)

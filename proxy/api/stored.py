@@ -72,7 +72,7 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
     return History(history.expand(parsed, items, referenced), ancestors, referenced, previous)
 
 
-def stored_form(request: web.Request, data: dict[str, Any], past: History, session: Session) -> AsStored:
+def stored_form(request: web.Request, data: dict[str, Any], past: History, session: Session | None) -> AsStored:
     """How a request's response is kept: its input items encoded once, so that every copy of
     a response kept while it runs (design.md 10.2) names them by the same ids."""
     input_items = msgspec.Raw(orjson.dumps(history.stored_input(data["input"], past.referenced, new_id)))
@@ -87,8 +87,8 @@ def stored_form(request: web.Request, data: dict[str, Any], past: History, sessi
             input_items=input_items,
             ancestors=past.ancestors,
             referenced=list(past.referenced),
-            session=session.key,
-            replica=session.served_by,
+            session=None if session is None else session.key,
+            replica=None if session is None else session.served_by,
         )
 
     return as_stored

@@ -257,6 +257,8 @@ class UpstreamClient:
         several = len(self.replicas) > 1 and config.balance == "session"
         self._affinity = affinity if several else None
         self._on_route = on_route or (lambda upstream, outcome: None)
+        # Whether a call's session changes where it goes: else it is not worked out at all.
+        self.keyed = self._affinity is not None or bool(config.session_header)
         self._turn = itertools.count()
         self._failures = _Failures(config.name, on_error or (lambda upstream, kind: None))
         self._in_flight = 0
