@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 import pytest
+import zstandard
 from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.config import parse
@@ -134,6 +135,7 @@ def lying_gzip(data: bytes, isize: int | None = None, crc: int | None = None) ->
 
 
 GZIP = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
+ZSTD = {"Content-Type": "application/json", "Content-Encoding": "zstd"}
 
 
 @pytest.mark.parametrize(
@@ -143,6 +145,8 @@ GZIP = {"Content-Type": "application/json", "Content-Encoding": "gzip"}
         pytest.param(gzip.compress(padded(LIMIT)), GZIP, id="gzip"),
         pytest.param(gzip.compress(padded(64 * LIMIT)), GZIP, id="gzip-bomb"),
         pytest.param(zlib.compress(padded(64 * LIMIT)), {"Content-Type": "application/json", "Content-Encoding": "deflate"}, id="deflate-bomb"),
+        pytest.param(zstandard.compress(padded(64 * LIMIT)), ZSTD, id="zstd-bomb"),
+        pytest.param(zstandard.ZstdCompressor(write_content_size=False).compress(padded(64 * LIMIT)), ZSTD, id="zstd-bomb-without-size"),
     ],
 )
 async def test_body_over_the_limit_is_413(upstream, proxy, http, data: bytes, headers: dict) -> None:
@@ -174,6 +178,26 @@ async def test_gzip_that_lies(upstream, proxy, http, data: bytes, statuses: set[
     assert upstream.requests == []
     async with http.post(f"{proxy}/v1/responses", json=BODY) as response:
         assert response.status == 200
+
+
+@pytest.mark.parametrize(
+    ("data", "status"),
+    [
+        pytest.param(zstandard.compress(orjson.dumps(BODY)), 200, id="zstd"),
+        pytest.param(zstandard.ZstdCompressor(write_content_size=False).compress(orjson.dumps(BODY)), 200, id="zstd-streamed-frame"),
+        pytest.param(zstandard.compress(orjson.dumps(BODY))[:-4], 400, id="zstd-truncated"),
+        pytest.param(zstandard.compress(orjson.dumps(BODY)) + b"trailing", 400, id="zstd-then-garbage"),
+        pytest.param(orjson.dumps(BODY), 400, id="not-zstd-at-all"),
+    ],
+)
+async def test_a_zstd_body(upstream, proxy, http, data: bytes, status: int) -> None:
+    """design.md 5.8: Codex can send zstd bodies; one is read as strictly as gzip: whole, one
+    frame and nothing after it, within the limit on what it inflates."""
+    async with http.post(f"{proxy}/v1/responses", data=data, headers={**ZSTD, "Connection": "close"}) as response:
+        assert response.status == status, await response.text()
+        if status != 200:
+            envelope(await response.json(), type="invalid_request_error")
+    assert len(upstream.requests) == (status == 200)
 
 
 # -- each field ---------------------------------------------------------------------------------

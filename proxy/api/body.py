@@ -8,6 +8,7 @@ import zlib
 from collections.abc import Iterator
 from typing import Any
 
+import zstandard
 from aiohttp import hdrs, web
 
 from ..appkeys import RUNTIME
@@ -60,7 +61,7 @@ async def read_body(request: web.Request) -> bytes:
                     take(piece)
     except web.RequestPayloadError:  # a broken chunked transfer
         raise InvalidRequest("The request body could not be read: its transfer encoding is broken.") from None
-    except zlib.error:
+    except (zlib.error, zstandard.ZstdError):
         raise InvalidRequest("The request body could not be decompressed: it is corrupt.") from None
     except TimeoutError:
         raise RequestTimeout(f"The request body did not arrive within {timeout:g} s.") from None
@@ -83,9 +84,43 @@ def _decompressor(encoding: str) -> Any:
         return None
     if encoding in _WBITS:
         return zlib.decompressobj(wbits=_WBITS[encoding])
+    if encoding == "zstd":
+        return _Zstd()
     raise UnsupportedMediaType(
-        f"Content-Encoding {encoding!r} is not supported: send gzip, deflate or none.", param="Content-Encoding"
+        f"Content-Encoding {encoding!r} is not supported: send zstd, gzip, deflate or none.", param="Content-Encoding"
     )
+
+
+class _Zstd:
+    """A zstd frame's decompressor with the interface of zlib's, `max_length` included (Codex
+    can send zstd bodies). zstandard's own object inflates all it is given at once, and a few
+    bytes of zstd can be megabytes: the input goes in in slices, each of which inflates to a few
+    megabytes at most, until `max_length` is reached, so that a bomb is caught as early as
+    with gzip (design.md 5.8)."""
+
+    _SLICE = 64
+
+    def __init__(self) -> None:
+        self._frame = zstandard.ZstdDecompressor().decompressobj()
+        self.unconsumed_tail = b""
+        self.unused_data = b""
+
+    @property
+    def eof(self) -> bool:
+        return bool(self._frame.eof)
+
+    def decompress(self, data: bytes, max_length: int) -> bytes:
+        out, size, at = [], 0, 0
+        while at < len(data) and size < max_length and not self._frame.eof:
+            piece = self._frame.decompress(data[at : at + self._SLICE])
+            at += self._SLICE
+            out.append(piece)
+            size += len(piece)
+        if self._frame.eof:
+            self.unused_data, self.unconsumed_tail = self._frame.unused_data + data[at:], b""
+        else:
+            self.unconsumed_tail = data[at:]
+        return b"".join(out)
 
 
 def _decompressed(decompressor: Any, data: bytes, room: int) -> Iterator[bytes]:

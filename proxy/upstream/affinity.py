@@ -94,8 +94,11 @@ def choose(key: str, pinned: str | None, usable: Sequence[R], load_factor: float
     """The replicas to try, in order: the pinned one if it is usable and under the bound, else
     the first in the session's order that is; then the others under the bound, in that order;
     then the rest, fewest in flight first. The bound is `load_factor` times the mean of what is
-    in flight with this request counted, rounded up (consistent hashing with bounded loads)."""
-    cap = math.ceil(load_factor * (sum(replica.outstanding for replica in usable) + 1) / len(usable))
+    in flight with this request counted, rounded up (consistent hashing with bounded loads). A
+    session pinned nowhere yet has no prefix cached anywhere, so it costs nothing to place it
+    evenly: its bound is the mean itself, rounded up."""
+    factor = load_factor if pinned is not None else 1.0
+    cap = math.ceil(factor * (sum(replica.outstanding for replica in usable) + 1) / len(usable))
     order = ranked(key, usable)
     under = [replica for replica in order if replica.outstanding < cap]
     first = next((replica for replica in under if replica.url == pinned), None)

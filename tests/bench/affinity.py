@@ -84,7 +84,7 @@ def seconds(value: float) -> str:
     return f"{value:.2f} s"
 
 
-def user_text(rng: random.Random, words: int = 90) -> str:
+def user_text(rng: random.Random, words: int) -> str:
     return " ".join(rng.choice(WORDS) for _ in range(words)) + "."
 
 
@@ -98,7 +98,7 @@ def llama_pids() -> dict[int, int]:
             argv = (proc / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and argv[0].endswith(b"llama-server") and b"--port" in argv:
+        if argv and b"llama-server" in argv[0].rsplit(b"/", 1)[-1] and b"--port" in argv:
             found[int(argv[argv.index(b"--port") + 1])] = int(proc.name)
     return found
 
@@ -136,9 +136,16 @@ async def conversation(http: aiohttp.ClientSession, url: str, session: int, turn
     history: list[dict[str, Any]] = []
     previous = None
     key = f"{seed}-session-{session}"
+    # The instructions every session of a run shares (an agent's), new in each run: no run
+    # starts with another's prefix in the caches.
+    instructions = f"Run {seed}. {INSTRUCTIONS}"
     for index in range(turns):
-        said = {"type": "message", "role": "user", "content": user_text(rng)}
-        body: dict[str, Any] = {"model": model, "instructions": INSTRUCTIONS, "max_output_tokens": 24, "temperature": 0}
+        if index:
+            await asyncio.sleep(rng.uniform(0.0, 1.5))  # the agent runs a tool between turns
+        # Turns of unlike sizes: sessions drift apart, as real ones do, instead of moving in step.
+        said = {"type": "message", "role": "user", "content": user_text(rng, rng.randint(20, 200))}
+        limit = rng.randint(8, 48)
+        body: dict[str, Any] = {"model": model, "instructions": instructions, "max_output_tokens": limit, "temperature": 0}
         headers = {}
         if chained:
             body |= {"input": [said], "store": True, **({"previous_response_id": previous} if previous else {})}
@@ -167,7 +174,12 @@ def fleet_config(urls: list[str], layout: str, store: Path) -> Config:
 @asynccontextmanager
 async def two_llama_servers(slots: int, ctx: int) -> AsyncIterator[list[str]]:
     async with AsyncExitStack() as stack:
-        urls = [await stack.enter_async_context(running("tools", ctx_size=ctx, parallel=slots, ready_timeout=120)) for _ in range(2)]
+        # One thread each: two servers share this machine's cores, as two GPUs would not.
+        threads = ["--threads", "1", "--threads-batch", "1"]
+        urls = [
+            await stack.enter_async_context(running("tools", ctx_size=ctx, parallel=slots, extra_args=threads, ready_timeout=120))
+            for _ in range(2)
+        ]
         yield urls
 
 
