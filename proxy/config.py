@@ -102,6 +102,9 @@ class Upstream(_Section, frozen=True):
     # The role of system and developer messages after the conversation began: `user` for chat
     # templates that refuse a second system message (Gemma, Mistral, Llama).
     late_system_messages: Literal["system", "user"] = "system"
+    # The reasoning summary a request that asks for none gets (design.md 8.5): `auto` turns the
+    # display of reasoning on in clients that show it only from summary events (the AI SDK).
+    reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
     # Several replicas: `session` sends every turn of a session to the replica that holds its
     # prefix cache, while it carries under `load_factor` times the mean load (design.md 11.2);
     # `least_outstanding` balances each request alone.

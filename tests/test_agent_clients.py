@@ -252,3 +252,21 @@ async def test_sealed_reasoning_opens_on_a_replica_with_the_same_key(upstream: F
         assert assistant.get("reasoning_content") == expected
     metrics = await scrape(http, other)
     assert sample(metrics, IGNORED, what="input:unreadable_encrypted_content") == 1
+
+
+@pytest.mark.parametrize(("asked", "shown"), [(None, "auto"), ("detailed", "detailed")])
+async def test_a_routes_reasoning_summary_is_the_default(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, asked: str | None, shown: str
+) -> None:
+    """design.md 8.5: with the upstream's `reasoning_summary: auto`, a request that asks for no
+    summary (the AI SDK's, for a model name it does not know) gets its reasoning as summary
+    events too, which is all such a client shows; one that asks keeps what it asked."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "reasoning_summary": "auto"}]}))
+    upstream.script(Reply(agent_turn()))
+    body = {"model": "m", "input": "hi", **({"reasoning": {"summary": asked}} if asked else {})}
+    _, events = await streamed(http, url, body)
+    stream = check_stream(events)
+    assert [e["delta"] for e in events if e["type"] == "response.reasoning_summary_text.delta"] == ["I will run ls."]
+    assert stream.response["reasoning"]["summary"] == shown
+    (reasoning,) = stream.of_type("reasoning")
+    assert reasoning["summary"] == [{"type": "summary_text", "text": "I will run ls."}]

@@ -110,6 +110,7 @@ def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
         defaults=upstream.defaults,
         hosted_tools=upstream.hosted_tools,
         late_system_role=upstream.late_system_messages,
+        reasoning_summary=upstream.reasoning_summary,
         sealer=sealer,
     )
 

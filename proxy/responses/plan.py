@@ -61,6 +61,9 @@ class TranslationSettings:
     # The role of system and developer messages after the first non-system item.
     late_system_role: Literal["system", "user"] = "system"
     sealer: Sealer | None = None
+    # The reasoning summary of a request that asks for none (design.md 8.5): clients that show
+    # reasoning only from summary events (the AI SDK) then show it.
+    reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +103,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
     # A background run always reads the upstream as a stream: its events are what it keeps.
     streamed_upstream = stream or bool(request.background)
     effort = _effort(request.reasoning)
+    summary = _summary(request, settings)
     functions, tool_choice = _offered(request.tool_choice, table, settings, ignored)
     chat: dict[str, Any] = dict(
         model=settings.model,
@@ -129,9 +133,9 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         chat=chat,
         stream=stream,
         logprobs=logprobs,
-        echo=_echo(request, chat, tools, top_logprobs, effort, stored),
+        echo=_echo(request, chat, tools, top_logprobs, effort, stored, summary),
         tools=table,
-        summary=request.reasoning is not None and request.reasoning.summary is not None,
+        summary=summary is not None,
         alternatives=top_logprobs if logprobs and asked > top_logprobs else None,
         background=bool(request.background),
         seal=settings.sealer.seal if settings.sealer and INCLUDE_ENCRYPTED_REASONING in include else None,
@@ -347,6 +351,12 @@ class _Conversation:
             self._tool_images = []
 
 
+def _summary(request: CreateResponse, settings: TranslationSettings) -> str | None:
+    """The reasoning summary that applies: the request's, else the route's default."""
+    asked = request.reasoning.summary if request.reasoning is not None else None
+    return asked or settings.reasoning_summary
+
+
 def _echo(
     request: CreateResponse,
     chat: dict[str, Any],
@@ -354,11 +364,11 @@ def _echo(
     top_logprobs: int,
     effort: str | None,
     stored: bool,
+    summary: str | None,
 ) -> dict[str, Any]:
     """The request's settings as every Response object repeats them, as they were applied: the
     sampling ones as the chat request has them, the route's defaults included."""
     text = request.text or TextConfig()
-    reasoning = request.reasoning or ReasoningConfig()
     choice = request.tool_choice
     return {
         "model": request.model,
@@ -368,7 +378,7 @@ def _echo(
         "tool_choice": _echoed_choice(choice),
         "parallel_tool_calls": chat.get("parallel_tool_calls", True),
         "text": {"format": _echoed_format(text), "verbosity": None},
-        "reasoning": {"effort": effort, "summary": reasoning.summary},
+        "reasoning": {"effort": effort, "summary": summary},
         "temperature": chat.get("temperature", 1.0),
         "top_p": chat.get("top_p", 1.0),
         "presence_penalty": chat.get("presence_penalty", 0.0),
