@@ -38,6 +38,7 @@ from .schema import (
     ToolChoiceCustom,
     ToolChoiceFunction,
     ToolOutput,
+    offered_tools,
 )
 from .sealing import Sealer
 from .tools import ToolTable, custom_arguments
@@ -96,7 +97,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
             code="unsupported_parameter",
         )
     ignored: list[str] = []
-    tools = _client_tools(request.tools or [], settings, ignored)
+    tools = _client_tools(offered_tools(request), settings, ignored)
     table = ToolTable(tools)
     top_logprobs = effective_top_logprobs(request.top_logprobs, settings.max_top_logprobs)
     stream = bool(request.stream)

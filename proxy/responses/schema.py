@@ -42,7 +42,6 @@ NO_CHAT_FORM = frozenset({
 # Items that would change the answer (the tools offered, the settings) and that a chat request
 # cannot carry: refused, where dropping them would answer another question (design.md 8.2).
 UNHONOURED_ITEMS = {
-    "additional_tools": "offer their tools in the request's `tools`",
     "configuration_update": "send its `text` and `reasoning` settings with the request",
 }
 # Tools the model calls and the client runs; every other type is run by OpenAI's servers.
@@ -132,6 +131,13 @@ class DroppedItem(_Tagged, tag=_DROPPED):
     kind: str  # the item's own type
 
 
+class AdditionalTools(_Tagged, tag="additional_tools"):
+    """Tools made available from this point of the conversation (Codex sends them for newer
+    model names): they join the request's tools (design.md 8.2)."""
+
+    tools: list[Tool] = []
+
+
 class ItemReference(_Tagged, tag="item_reference"):
     """An item of a stored response, by id: resolved before planning (design.md 9.4)."""
 
@@ -146,6 +152,7 @@ InputItem = (
     | CustomToolCallOutput
     | Reasoning
     | DroppedItem
+    | AdditionalTools
     | ItemReference
 )
 
@@ -299,7 +306,7 @@ def parse_request(data: Any) -> CreateResponse:
         for index, tool in enumerate(tools):
             if isinstance(tool, dict) and "type" not in tool:  # msgspec lets a lone tagged struct leave out its tag
                 raise InvalidRequest(f"Missing 'tools[{index}].type'.", param=f"tools[{index}].type")
-        fields["tools"] = [_stand_in(tool, lambda kind: kind not in CLIENT_TOOLS) for tool in tools]
+        fields["tools"] = [_stand_in(tool, _hosted) for tool in tools]
     items = data.get("input")
     if isinstance(items, list):
         fields["input"] = _prepared(items)
@@ -337,8 +344,24 @@ def _prepared(items: list[Any]) -> list[Any]:
                 param=f"input[{index}].type",
                 code="unsupported_parameter",
             )
+        if kind == "additional_tools" and isinstance(item.get("tools"), list):
+            item = {**item, "tools": [_stand_in(tool, _hosted) for tool in item["tools"]]}
         prepared.append(_stand_in(item, NO_CHAT_FORM.__contains__))
     return prepared
+
+
+def offered_tools(request: CreateResponse) -> list[Tool]:
+    """The request's tools and those its `additional_tools` items add, in that order."""
+    tools = list(request.tools or ())
+    if isinstance(request.input, list):
+        for item in request.input:
+            if isinstance(item, AdditionalTools):
+                tools += item.tools
+    return tools
+
+
+def _hosted(kind: str) -> bool:
+    return kind not in CLIENT_TOOLS
 
 
 def typed_item(item: Any) -> Any:
@@ -380,7 +403,7 @@ def _refuse_unsupported(request: CreateResponse) -> None:
     if request.stream_options is not None and not request.stream:
         raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     choice = request.tool_choice
-    declared = set().union(*map(_declared, request.tools or ()))
+    declared = set().union(*map(_declared, offered_tools(request)))
     if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom) and (choice.namespace, choice.name) not in declared:
         raise InvalidRequest(
             f"tool_choice names the tool '{choice.name}', which is not in 'tools'.", param="tool_choice.name"

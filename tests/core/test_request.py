@@ -427,16 +427,26 @@ def test_accepted_no_ops(body):
     assert chat({"input": "hi", **body}) == chat({"input": "hi"})
 
 
-@pytest.mark.parametrize(
-    "item",
-    [{"type": "additional_tools", "role": "developer", "tools": [{"type": "function", "name": "f", "parameters": {}}]},
-     {"type": "configuration_update", "reasoning": {"effort": "high"}}],
-    ids=lambda item: item["type"],
-)
-def test_items_that_would_change_the_answer_are_refused_not_dropped(item):
-    """design.md 8.2: dropped, they would leave the model without the tools or settings they give."""
-    error = refusal({"input": [msg("user", "hi"), item]})
+def test_items_that_would_change_the_answer_are_refused_not_dropped():
+    """design.md 8.2: dropped, it would leave the model without the settings it gives."""
+    error = refusal({"input": [msg("user", "hi"), {"type": "configuration_update", "reasoning": {"effort": "high"}}]})
     assert (error.param, error.code) == ("input[1].type", "unsupported_parameter")
+
+
+def test_additional_tools_join_the_requests_tools():
+    """design.md 8.2: an `additional_tools` item's tools are offered with the request's own
+    (Codex sends them for newer model names); its hosted tools go as the request's do."""
+    more = {"type": "additional_tools", "role": "developer", "tools": [
+        {"type": "function", "name": "g", "parameters": SCHEMA}, {"type": "web_search"},
+    ]}
+    body = {"input": [msg("user", "hi"), more], "tools": [WEATHER], "tool_choice": {"type": "function", "name": "g"}}
+    call = plan(body)
+    assert [tool["function"]["name"] for tool in call.chat["tools"]] == ["weather", "g"]
+    assert call.chat["tool_choice"] == {"type": "function", "function": {"name": "g"}}
+    assert [message["role"] for message in call.chat["messages"]] == ["user"]
+    assert [tool["name"] for tool in call.echo["tools"]] == ["weather", "g"]
+    assert "tool:web_search" in call.ignored
+    assert refusal({**body, "input": [msg("user", "hi")]}).param == "tool_choice.name"  # g came with the item
 
 
 @pytest.mark.parametrize("role", ["developer", "assistant"])
