@@ -56,6 +56,7 @@ class Turn:
 @dataclass
 class Run:
     name: str
+    round: int
     turns: list[Turn] = field(default_factory=list)
     llama_cpu: float = 0.0
 
@@ -193,7 +194,7 @@ async def measure(args: argparse.Namespace) -> list[Run]:
                     if chained and layout == "pinned":
                         continue  # the chain needs one store for all turns: the stateless pinned run is the bar
                     name = f"{layout}, {'chained' if chained else 'stateless'}"
-                    run = Run(name)
+                    run = Run(name, round_)
                     store = Path(args.state) / f"{round_}-{layout}-{chained}.db"
                     proxy = await Running.start(fleet_config(urls, layout, store))
                     try:
@@ -214,15 +215,15 @@ async def measure(args: argparse.Namespace) -> list[Run]:
 
 
 def table(runs: list[Run]) -> list[list[str]]:
-    bar = {run.name.split(",")[1]: run for run in runs if run.name.startswith("pinned")}
-    pinned = bar.get(" stateless")
+    bars = {run.round: run for run in runs if run.name.startswith("pinned")}  # each round against its own
     rows = []
     for run in runs:
+        pinned = bars.get(run.round)
         versus = ""
         if pinned is not None and run is not pinned:
             versus = f"prefilled {run.prefilled() / pinned.prefilled():.2f}x, p95 {run.ttft(0.95) / pinned.ttft(0.95):.2f}x pinned"
         rows.append([
-            run.name, f"{run.warm_return():.2f}", f"{run.cached_share():.3f}", str(run.prefilled()),
+            str(run.round + 1), run.name, f"{run.warm_return():.2f}", f"{run.cached_share():.3f}", str(run.prefilled()),
             f"{seconds(run.ttft(0.5))} / {seconds(run.ttft(0.95))}", f"{run.llama_cpu:.1f} s", versus,
         ])
     return rows
@@ -238,7 +239,7 @@ def plain(rows: list[list[str]]) -> str:
     return "\n".join("  ".join(cell.ljust(width) for cell, width in zip(cells, widths, strict=True)) for cells in [HEADERS, *rows])
 
 
-HEADERS = ["run", "warm-return", "cached / prompt", "tokens prefilled", "continuation TTFT p50 / p95", "llama CPU", "against pinned"]
+HEADERS = ["round", "run", "warm-return", "cached / prompt", "tokens prefilled", "continuation TTFT p50 / p95", "llama CPU", "against pinned"]
 
 
 def main() -> None:
