@@ -50,7 +50,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
     _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
 
-    session = _session(request, past) if client.keyed else None
+    session = call_session(request, past) if client.keyed else None
     as_stored = stored_form(request, data, past, session) if stored else None
 
     async def keep(response: dict[str, Any]) -> None:
@@ -89,7 +89,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     return response
 
 
-def _session(request: web.Request, past: History) -> Session:
+def call_session(request: web.Request, past: History) -> Session:
     """The call's session (design.md 11.1), for an upstream where it changes where the call
     goes; a turn of the session of the response it continues is sent first to the replica that
     served that one."""

@@ -13,10 +13,12 @@ from typing import Any, Literal
 import msgspec
 
 from ..errors import InvalidRequest
+from . import compaction
 from .logprobs import INCLUDE_LOGPROBS, SPEC_MAX_TOP_LOGPROBS, effective_top_logprobs
 from .schema import (
     CHOSEN_BY_NAME,
     INCLUDE_ENCRYPTED_REASONING,
+    Compaction,
     ContentPart,
     CreateResponse,
     CustomToolCall,
@@ -301,6 +303,12 @@ class _Conversation:
             text = self._reasoning_text(item)
             if text:
                 self._reasoning.append(text)
+        elif isinstance(item, Compaction):
+            summary = compaction.summary_of(item.encrypted_content, self._settings.sealer)
+            if summary is None:
+                self._ignored.append("input:unreadable_compaction")
+            else:
+                self._add({"role": "user", "content": compaction.HEAD + summary})
         elif isinstance(item, DroppedItem):
             self._ignored.append(f"input:{item.kind}")
 

@@ -37,7 +37,7 @@ NO_CHAT_FORM = frozenset({
     "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
     "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
     "tool_search_call", "tool_search_output",
-    "compaction", "compaction_trigger", "program", "program_output",
+    "compaction_trigger", "program", "program_output",
 })  # fmt: skip
 # Items that would change the answer (the tools offered, the settings) and that a chat request
 # cannot carry: refused, where dropping them would answer another question (design.md 8.2).
@@ -131,6 +131,13 @@ class DroppedItem(_Tagged, tag=_DROPPED):
     kind: str  # the item's own type
 
 
+class Compaction(_Tagged, tag="compaction"):
+    """A conversation compacted (design.md 8.8): its summary, sealed by this proxy, or another
+    server's plain text."""
+
+    encrypted_content: str
+
+
 class AdditionalTools(_Tagged, tag="additional_tools"):
     """Tools made available from this point of the conversation (Codex sends them for newer
     model names): they join the request's tools (design.md 8.2)."""
@@ -152,6 +159,7 @@ InputItem = (
     | CustomToolCallOutput
     | Reasoning
     | DroppedItem
+    | Compaction
     | AdditionalTools
     | ItemReference
 )

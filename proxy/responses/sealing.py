@@ -38,8 +38,13 @@ class Sealer:
         sealed = self._aead.encrypt(nonce, text.encode(), _ASSOCIATED)
         return _PREFIX + base64.urlsafe_b64encode(nonce + sealed).decode()
 
+    @staticmethod
+    def sealed(blob: str) -> bool:
+        """Whether the blob is in this proxy's format (whatever key sealed it)."""
+        return blob.startswith(_PREFIX)
+
     def open(self, blob: str) -> str | None:
-        if not blob.startswith(_PREFIX):
+        if not self.sealed(blob):
             return None
         try:
             raw = base64.urlsafe_b64decode(blob[len(_PREFIX) :])

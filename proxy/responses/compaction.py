@@ -1,0 +1,46 @@
+"""Compaction (design.md 8.8): a conversation too long for the model's context, rewritten by
+the model as a summary that the next turns carry in a `compaction` item, sealed. Pure: the
+HTTP layer makes the summary's chat call and hands its answer in."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .lifecycle import IdSource
+from .sealing import Sealer
+
+# Asked of the model after the conversation, as the last user message: what the agent that
+# continues needs, since everything else is gone once the history is replaced.
+PROMPT = (
+    "Your context is nearly full. Write a summary of the conversation so far, for the assistant "
+    "that will continue it without seeing it: the user's goals and constraints; what has been done "
+    "(files read and changed, commands run, their results); the decisions made and why; what remains "
+    "to do. Keep every exact name, path, value and error message needed to go on. Write only the summary."
+)
+# How a compaction item reads to the model when it comes back as input.
+HEAD = "A summary of the conversation before this point (compacted to fit the context):\n\n"
+
+
+def compacted(
+    kept: list[dict[str, Any]], summary: str, sealer: Sealer, new_id: IdSource, created_at: int, usage: dict[str, Any]
+) -> dict[str, Any]:
+    """The `response.compaction` object: the user messages of the conversation (`kept`, typed),
+    then one `compaction` item carrying the summary, sealed."""
+    compaction = {"id": new_id("cmp"), "type": "compaction", "encrypted_content": sealer.seal(summary)}
+    return {
+        "id": new_id("resp"),
+        "object": "response.compaction",
+        "created_at": created_at,
+        "output": [*kept, compaction],
+        "usage": usage,
+    }
+
+
+def summary_of(blob: str, sealer: Sealer | None) -> str | None:
+    """The summary a `compaction` item carries: sealed by this proxy, or another server's plain
+    text (as peers write it), the text itself; None for a blob that does not open (an old key's,
+    tampered) or is no text (OpenAI's own, one token of base64)."""
+    opened = sealer.open(blob) if sealer is not None else None
+    if opened is not None:
+        return opened
+    return None if Sealer.sealed(blob) or not any(c.isspace() for c in blob) else blob
