@@ -8,11 +8,13 @@ from typing import Any
 
 import aiohttp
 import openai
+import orjson
 import pytest
 
 from proxy.config import parse
 from proxy.responses.compaction import HEAD, PROMPT
 from proxy.responses.sealing import Sealer, derive_key
+from tests.client import parse_sse, validate_event, validate_response
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 from tests.harness import sample, scrape
 
@@ -89,3 +91,34 @@ async def test_a_chain_compacts_with_its_stored_turns(upstream: FakeUpstream, st
     texts = [entry.model_dump()["content"][0]["text"] for entry in compacted.output[:-1]]
     assert texts == ["first question", "second question"]
     assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["first question", "Hi", "second question", PROMPT]
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_turn_ending_with_a_compaction_trigger_is_answered_by_one_compaction_item(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, stream: bool
+) -> None:
+    """design.md 8.8: Codex's default (compaction v2) ends a normal turn with a
+    `compaction_trigger` and requires exactly one `compaction` item back, streamed as any item."""
+    upstream.script(Reply(SUMMARISED), Reply(HI))
+    body = {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "tools": TOOLS, "stream": stream, "store": False}
+    async with http.post(f"{proxy}/v1/responses", json=body) as answer:
+        assert answer.status == 200, await answer.text()
+        raw = await answer.read()
+    assert upstream.requests[-1]["messages"][-1] == {"role": "user", "content": PROMPT}
+    if stream:
+        events = parse_sse(raw)
+        for event in events:
+            validate_event(event)
+        assert [e["type"] for e in events] == [
+            "response.created", "response.in_progress", "response.output_item.added", "response.output_item.done", "response.completed",
+        ]
+        assert [e["sequence_number"] for e in events] == list(range(5)) and raw.endswith(b"data: [DONE]\n\n")
+        response = events[-1]["response"]
+    else:
+        response = orjson.loads(raw)
+        validate_response(response)
+    (item,) = response["output"]
+    assert item["type"] == "compaction" and response["status"] == "completed" and response["usage"]["output_tokens"] == 17
+    async with http.post(f"{proxy}/v1/responses", json={"model": "m", "input": [item, {"role": "user", "content": "go on"}]}) as answer:
+        assert answer.status == 200
+    assert upstream.requests[-1]["messages"] == [{"role": "user", "content": HEAD + SUMMARY}, {"role": "user", "content": "go on"}]

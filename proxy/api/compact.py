@@ -1,5 +1,6 @@
-"""POST /v1/responses/compact (design.md 8.8): the conversation summarised by the model, as
-Codex and openai-agents compact a history that no longer fits."""
+"""Compaction over HTTP (design.md 8.8): POST /v1/responses/compact, and a turn whose last
+input item is a `compaction_trigger`, both answered by the model's summary of the conversation,
+as Codex and openai-agents compact a history that no longer fits."""
 
 from __future__ import annotations
 
@@ -10,22 +11,36 @@ import msgspec
 from aiohttp import web
 
 from ..appkeys import REQUEST_ID, RUNTIME
+from ..config import Target
+from ..errors import InvalidRequest
 from ..responses import compaction
 from ..responses.body import load_json
-from ..responses.lifecycle import new_id
-from ..responses.plan import plan_call
+from ..responses.lifecycle import new_id, response_object
+from ..responses.plan import Call, plan_call
 from ..responses.schema import Message, parse_request
 from ..responses.translate import ResponseTranslator
+from ..upstream.client import UpstreamClient
 from .body import read_body
+from .calls import CHAT_PATH, Keep, call_session, translation_settings
 from .common import find_target, json_response, upstream_headers
-from .responses import CHAT_PATH, call_session, translation_settings
-from .stored import read_history
+from .stored import History, read_history
+from .streaming import EventStream
 
-# What the summary's call leaves out of the conversation's chat request: the model writes text.
-_NOT_FOR_A_SUMMARY = ("tools", "tool_choice", "parallel_tool_calls", "response_format", "logprobs", "top_logprobs")
+# What the summary's call leaves out of the conversation's chat request: the model writes text,
+# all of it at once.
+_NOT_FOR_A_SUMMARY = (
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "response_format",
+    "logprobs",
+    "top_logprobs",
+    "stream_options",
+)
 
 
 async def compact(request: web.Request) -> web.Response:
+    """POST /v1/responses/compact: the conversation's user messages, then its summary, sealed."""
     runtime = request.app[RUNTIME]
     data = load_json(await read_body(request), runtime.config.requests.max_depth)
     if isinstance(data, dict):  # what the call answers decides these (a summary, not kept)
@@ -34,19 +49,51 @@ async def compact(request: web.Request) -> web.Response:
     target, client = find_target(request, parsed.model)
     past = await read_history(request, parsed)
     call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=False)
+    summary, usage = await _summarised(request, past, call, target, client)
+    items = past.request.input
+    said = [Message(role="user", content=items)] if isinstance(items, str) else items
+    users = [_kept(item) for item in said if isinstance(item, Message) and item.role == "user"]
+    item = compaction.compaction_item(summary, runtime.sealer, new_id)
+    return json_response(compaction.compacted(users, item, new_id("resp"), int(time.time()), usage))
+
+
+async def compaction_turn(
+    request: web.Request, past: History, call: Call, target: Target, client: UpstreamClient, keep: Keep
+) -> web.StreamResponse:
+    """A turn that ends with a `compaction_trigger`: answered by exactly one `compaction` item,
+    streamed or not, as the turn asked, and kept as any turn is."""
+    if call.background:
+        raise InvalidRequest(
+            "A compaction_trigger turn is answered at once: it cannot be background.", param="background"
+        )
+    summary, usage = await _summarised(request, past, call, target, client)
+    item = compaction.compaction_item(summary, request.app[RUNTIME].sealer, new_id)
+    now = int(time.time())
+    response = response_object(new_id("resp"), now, "completed", [item], call.echo)
+    response.update(completed_at=now, usage=usage)
+    await keep(response)
+    if not call.stream:
+        return json_response(response)
+    stream = EventStream()
+    await stream.prepare(request)
+    await stream.write_eof(compaction.turn_events(response, item))
+    return stream
+
+
+async def _summarised(
+    request: web.Request, past: History, call: Call, target: Target, client: UpstreamClient
+) -> tuple[str, dict[str, Any]]:
+    """The model's summary of the conversation (one non-streaming chat call: the conversation,
+    then the compaction prompt), and that call's usage."""
     chat = {key: value for key, value in call.chat.items() if key not in _NOT_FOR_A_SUMMARY}
+    chat["stream"] = False
     chat["messages"] = [*chat["messages"], {"role": "user", "content": compaction.PROMPT}]
     session = call_session(request, past) if client.keyed else None
     async with client.post(CHAT_PATH, chat, upstream_headers(request), session=session) as exchange:
         body = await exchange.read_body()
     answer = ResponseTranslator(call, streaming=False, request_id=request[REQUEST_ID]).complete(body)
     texts = [part for item in answer["output"] if item["type"] == "message" for part in item["content"]]
-    summary = "".join(part["text"] for part in texts if part["type"] == "output_text")
-    items = past.request.input
-    said = [Message(role="user", content=items)] if isinstance(items, str) else items
-    users = [_kept(item) for item in said if isinstance(item, Message) and item.role == "user"]
-    made = compaction.compacted(users, summary, runtime.sealer, new_id, int(time.time()), answer["usage"])
-    return json_response(made)
+    return "".join(part["text"] for part in texts if part["type"] == "output_text"), answer["usage"]
 
 
 def _kept(message: Message) -> dict[str, Any]:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable
+from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
@@ -12,27 +12,20 @@ from aiohttp import web
 from prometheus_client import Histogram
 
 from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
-from ..config import Target
 from ..errors import ProxyError
 from ..relay import relay
+from ..responses import compaction
 from ..responses.body import load_json
-from ..responses.plan import TranslationSettings, plan_call
+from ..responses.plan import plan_call
 from ..responses.schema import parse_request, unknown_fields
-from ..responses.sealing import Sealer
-from ..responses.session import from_headers, response_session
 from ..responses.translate import ResponseTranslator
-from ..upstream.affinity import Session
 from ..upstream.client import Exchange
-from . import background
+from . import background, compact
 from .body import read_body
+from .calls import CHAT_PATH, Keep, call_session, translation_settings
 from .common import find_target, json_response, upstream_headers
-from .stored import History, read_history, stored_form
+from .stored import read_history, stored_form
 from .streaming import ClientWatch, EventStream
-
-CHAT_PATH = "/v1/chat/completions"
-# Keeps a finished response before its last event leaves, so that a client that chains at once
-# never races the write (design.md 9.2).
-Keep = Callable[[dict[str, Any]], Awaitable[object]]
 
 log = logging.getLogger("proxy")
 
@@ -57,6 +50,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         if store is not None and as_stored is not None:
             await store.save(as_stored(response))
 
+    if compaction.triggered(past.request):
+        return await compact.compaction_turn(request, past, call, target, client, keep)
     # A background run keeps its events even when its client asked for none (design.md 10.2).
     streaming = call.stream or call.background
     translator = ResponseTranslator(
@@ -87,32 +82,6 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         metrics.prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens"])
         metrics.cached_prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens_details"]["cached_tokens"])
     return response
-
-
-def call_session(request: web.Request, past: History) -> Session:
-    """The call's session (design.md 11.1), for an upstream where it changes where the call
-    goes; a turn of the session of the response it continues is sent first to the replica that
-    served that one."""
-    previous = past.previous
-    header = from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers)
-    key = response_session(past.request, header, previous.session if previous else None)
-    return Session(key, previous.replica if previous is not None and previous.session == key else None)
-
-
-def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
-    upstream, wire = target.upstream, target.upstream.wire()
-    return TranslationSettings(
-        model=target.model,
-        max_top_logprobs=upstream.max_top_logprobs,
-        min_top_logprobs=wire.min_top_logprobs,
-        logprobs=upstream.logprobs,
-        reasoning_field=wire.reasoning_field,
-        defaults=upstream.defaults,
-        hosted_tools=upstream.hosted_tools,
-        late_system_role=upstream.late_system_messages,
-        reasoning_summary=upstream.reasoning_summary,
-        sealer=sealer,
-    )
 
 
 def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .lifecycle import IdSource
+from .lifecycle import DONE, IdSource, encoded_event
+from .schema import CompactionTrigger, CreateResponse
 from .sealing import Sealer
 
 # Asked of the model after the conversation, as the last user message: what the agent that
@@ -21,19 +22,43 @@ PROMPT = (
 HEAD = "A summary of the conversation before this point (compacted to fit the context):\n\n"
 
 
+def triggered(request: CreateResponse) -> bool:
+    """Whether the request asks for its conversation compacted instead of answered: its last
+    input item is a `compaction_trigger`."""
+    items = request.input
+    return isinstance(items, list) and bool(items) and isinstance(items[-1], CompactionTrigger)
+
+
+def compaction_item(summary: str, sealer: Sealer, new_id: IdSource) -> dict[str, Any]:
+    return {"id": new_id("cmp"), "type": "compaction", "encrypted_content": sealer.seal(summary)}
+
+
 def compacted(
-    kept: list[dict[str, Any]], summary: str, sealer: Sealer, new_id: IdSource, created_at: int, usage: dict[str, Any]
+    kept: list[dict[str, Any]], item: dict[str, Any], id: str, created_at: int, usage: dict[str, Any]
 ) -> dict[str, Any]:
     """The `response.compaction` object: the user messages of the conversation (`kept`, typed),
-    then one `compaction` item carrying the summary, sealed."""
-    compaction = {"id": new_id("cmp"), "type": "compaction", "encrypted_content": sealer.seal(summary)}
+    then the `compaction` item."""
     return {
-        "id": new_id("resp"),
+        "id": id,
         "object": "response.compaction",
         "created_at": created_at,
-        "output": [*kept, compaction],
+        "output": [*kept, item],
         "usage": usage,
     }
+
+
+def turn_events(response: dict[str, Any], item: dict[str, Any]) -> bytes:
+    """The stream of a turn a compaction answers, its one item made before the first event:
+    created, in progress, the item added and done, completed, then `[DONE]` (design.md 4.3)."""
+    opened = {**response, "status": "in_progress", "completed_at": None, "output": [], "usage": None}
+    events: list[dict[str, Any]] = [
+        {"type": "response.created", "response": opened},
+        {"type": "response.in_progress", "response": opened},
+        {"type": "response.output_item.added", "output_index": 0, "item": item},
+        {"type": "response.output_item.done", "output_index": 0, "item": item},
+        {"type": "response.completed", "response": response},
+    ]
+    return b"".join(encoded_event({**event, "sequence_number": i}) + b"\n\n" for i, event in enumerate(events)) + DONE
 
 
 def summary_of(blob: str, sealer: Sealer | None) -> str | None:

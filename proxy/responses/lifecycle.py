@@ -43,6 +43,23 @@ def running(response: dict[str, Any]) -> bool:
     return bool(response.get("background")) and response["status"] in RUNNING
 
 
+def response_object(id: str, created_at: int, status: str, output: list[Any], echo: dict[str, Any]) -> dict[str, Any]:
+    """A Response as every event and answer shows it: what it made so far, and the request's
+    settings as they applied (`echo`); `usage` null until it ends (design.md 5.1)."""
+    return {
+        "id": id,
+        "object": "response",
+        "created_at": created_at,
+        "status": status,
+        "completed_at": None,
+        "error": None,
+        "incomplete_details": None,
+        "output": output,
+        "usage": None,
+        **echo,
+    }
+
+
 def is_terminal(event: bytes) -> bool:
     """Whether an encoded event (`encoded_event`) is the one that ends its Response."""
     return event.startswith(_TERMINAL_HEADS)

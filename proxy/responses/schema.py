@@ -37,7 +37,7 @@ NO_CHAT_FORM = frozenset({
     "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
     "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
     "tool_search_call", "tool_search_output",
-    "compaction_trigger", "program", "program_output",
+    "program", "program_output",
 })  # fmt: skip
 # Items that would change the answer (the tools offered, the settings) and that a chat request
 # cannot carry: refused, where dropping them would answer another question (design.md 8.2).
@@ -138,6 +138,11 @@ class Compaction(_Tagged, tag="compaction"):
     encrypted_content: str
 
 
+class CompactionTrigger(_Tagged, tag="compaction_trigger"):
+    """Compact the conversation before it, instead of answering it (design.md 8.8): the
+    request's last input item."""
+
+
 class AdditionalTools(_Tagged, tag="additional_tools"):
     """Tools made available from this point of the conversation (Codex sends them for newer
     model names): they join the request's tools (design.md 8.2)."""
@@ -160,6 +165,7 @@ InputItem = (
     | Reasoning
     | DroppedItem
     | Compaction
+    | CompactionTrigger
     | AdditionalTools
     | ItemReference
 )

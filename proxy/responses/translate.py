@@ -33,6 +33,7 @@ from .lifecycle import (
     error_event,
     new_id,
     response_error,
+    response_object,
     usage_object,
 )
 from .logprobs import ScoreBuffer
@@ -504,18 +505,7 @@ class ResponseTranslator:
     # -- building events -------------------------------------------------------------------
 
     def _snapshot(self, status: str) -> dict[str, Any]:
-        return {
-            "id": self._id,
-            "object": "response",
-            "created_at": self._created_at,
-            "status": status,
-            "completed_at": None,
-            "error": None,
-            "incomplete_details": None,
-            "output": self._output,
-            "usage": None,
-            **self._call.echo,
-        }
+        return response_object(self._id, self._created_at, status, self._output, self._call.echo)
 
     def _as_it_stands(self, item: dict[str, Any]) -> dict[str, Any]:
         message, current = self._message, self._current
