@@ -69,14 +69,17 @@ class Codex:
     node: Path  # the cache's node folder
     homes: Path  # where each run's fresh CODEX_HOME is made
 
-    async def exec(self, base_url: str, prompt: str, workdir: Path, *, model: str = "qwen3", flags: tuple[str, ...] = ()) -> CodexRun:
-        """`codex exec` with only a custom provider configured; the other flags are quiet ones:
+    async def exec(
+        self, base_url: str, prompt: str, workdir: Path, *, model: str = "qwen3", flags: tuple[str, ...] = (), name: str = "local"
+    ) -> CodexRun:
+        """`codex exec` with only a custom provider configured (`name`: the provider's, which
+        Codex reads: "OpenAI" turns its remote compaction on); the other flags are quiet ones:
         no retries (a failure shows at once), no plugin sync, apps or analytics (no
         connection but the proxy; the request bodies are the same without them)."""
         self.homes.mkdir(parents=True, exist_ok=True)
         home = Path(tempfile.mkdtemp(dir=self.homes))
         provider = {
-            "name": "local", "base_url": f"{base_url}/v1", "wire_api": "responses", "env_key": "E2E_CODEX_KEY",
+            "name": name, "base_url": f"{base_url}/v1", "wire_api": "responses", "env_key": "E2E_CODEX_KEY",
             "request_max_retries": "0", "stream_max_retries": "0",
         }
         config = [arg for key, value in provider.items() for arg in ("-c", f"model_providers.local.{key}={value}")]

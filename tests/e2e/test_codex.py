@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
+from proxy.responses.compaction import HEAD, PROMPT
 from tests.e2e.clients import Codex
 from tests.e2e.model import answers, calls, chat_tools, script, tool_round
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, Generation, Reply
 
 DONE = "All done."
 
@@ -81,3 +83,30 @@ async def test_custom_tool_call(codex: Codex, upstream: FakeUpstream, proxy: str
     assistant, result = tool_round(upstream)
     assert json.loads(assistant["tool_calls"][0]["function"]["arguments"]) == {"input": patch}
     assert "Success. Updated the following files:\nA hello.txt" in result["content"], result
+
+
+async def test_a_provider_named_openai_compacts_through_the_proxy(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
+    """design.md 8.8: Codex compacts remotely when its provider is named OpenAI, and has no
+    fallback. A first answer that reports a prompt past the auto-compact limit makes it compact
+    (its compaction_trigger turn, or /v1/responses/compact); it then goes on from the summary."""
+    summary = "The user asked for the marker; echo printed it."
+    first = Generation(calls("exec_command", {"cmd": "echo e2e-marker"}, "call_echo"), prompt_tokens=9000)
+
+    def choose(body: dict[str, Any]) -> Reply:
+        said = [m.get("content") for m in body["messages"]]
+        if said[-1] == PROMPT:
+            return Reply(Generation(answers(summary)))
+        if any(isinstance(text, str) and text.startswith(HEAD) for text in said):
+            return Reply(Generation(answers(DONE)))
+        return Reply(first)
+
+    upstream.choose = choose
+    flags = ("-c", "model_context_window=16000", "-c", "model_auto_compact_token_limit=4000")
+    run = await codex.exec(proxy, "Print the marker.", tmp_path, flags=flags, name="OpenAI")
+
+    assert run.rc == 0, run.transcript
+    asked = [r["messages"][-1].get("content") for r in upstream.requests]
+    assert PROMPT in asked, asked  # Codex compacted through the proxy
+    assert run.answer == DONE, run.transcript
+    after = upstream.requests[-1]["messages"]
+    assert {"role": "user", "content": HEAD + summary} in after, after
