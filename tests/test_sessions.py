@@ -119,11 +119,12 @@ async def test_a_replica_over_the_bound_spills_the_session(fleet: list[FakeUpstr
         await eventually(lambda: fleet[home].active_streams == 1, 5)
         fleet[home].script(Reply(HI))
         # One in flight, on `home`: the bound is ceil(1.25 * 2 / 3) = 1, which `home` has.
-        assert (await turn(http, url, fleet, {"prompt_cache_key": "agent"}))[0] != home
+        spilled = (await turn(http, url, fleet, {"prompt_cache_key": "agent"}))[0]
+        assert spilled != home
     finally:
         stream.cancel()
         await asyncio.gather(stream, return_exceptions=True)
-    assert len({(await turn(http, url, fleet, {"prompt_cache_key": "agent"}))[0] for _ in range(3)}) == 1
+    assert {(await turn(http, url, fleet, {"prompt_cache_key": "agent"}))[0] for _ in range(3)} == {spilled}  # it stays
 
 
 async def test_a_chained_turn_goes_where_the_response_it_continues_was_made(
@@ -132,10 +133,11 @@ async def test_a_chained_turn_goes_where_the_response_it_continues_was_made(
     """design.md 11.1: `previous_response_id` carries the session (kept with the stored response)
     to a turn that names none, and the replica that served it."""
     url = await start_proxy(fleet_config(fleet, store))
-    home, first = await turn(http, url, fleet, {"input": "a conversation of its own"})
-    for _ in range(4):
-        served, first = await turn(http, url, fleet, {"input": "and then?", "previous_response_id": first["id"]})
-        assert served == home
+    for i in range(6):  # keyed first turns: a chained turn's own first-turn digest would go elsewhere
+        home, last = await turn(http, url, fleet, {"input": "a conversation of its own", "prompt_cache_key": f"chain {i}"})
+        for _ in range(2):
+            served, last = await turn(http, url, fleet, {"input": "and then?", "previous_response_id": last["id"]})
+            assert served == home
 
 
 async def test_two_gateway_replicas_on_one_redis_agree_after_a_spill(
@@ -177,6 +179,8 @@ async def test_the_session_key_is_forwarded_to_an_upstream_that_routes_sessions(
     assert upstream.headers[-1]["x-session-id"] == expected
     status, _ = await post_json(http, f"{url}/v1/responses", {"model": "m", "input": "hi", "prompt_cache_key": "conv"})
     assert upstream.headers[-1]["x-session-id"] == "conv"
+    status, _ = await post_json(http, f"{url}/v1/responses", {"model": "m", "input": "hi", "prompt_cache_key": "a\r\nx-evil: 1"})
+    assert status == 200 and upstream.headers[-1]["x-session-id"].startswith("key:") and "x-evil" not in upstream.headers[-1]
 
 
 async def test_chat_calls_of_a_session_stay_on_one_replica(fleet: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession) -> None:

@@ -14,6 +14,7 @@ from .schema import ContentPart, CreateResponse, InputImage, Message, Refusal
 # bounded cost for a prompt of any size.
 PREFIX_BYTES = 64 * 1024
 _LEADING_ROLES = ("system", "developer", "user")
+_MAX_KEY = 128  # characters of a client's own key kept as they came
 
 
 def from_headers(headers: Mapping[str, str], names: Iterable[str]) -> str | None:
@@ -31,7 +32,7 @@ def response_session(request: CreateResponse, header: str | None, chained: str |
     turn, so that a client that sends none of these still sticks."""
     explicit = request.prompt_cache_key or header or chained
     if explicit:
-        return explicit
+        return _bounded(explicit)
     items = [Message(role="user", content=request.input)] if isinstance(request.input, str) else request.input
     first_turn = []
     for item in items:
@@ -49,7 +50,7 @@ def chat_session(body: Any, header: str | None) -> str | None:
         return None
     for explicit in (body.get("prompt_cache_key"), header, body.get("user")):
         if isinstance(explicit, str) and explicit:
-            return explicit
+            return _bounded(explicit)
     messages = body.get("messages")
     if not isinstance(messages, list):
         prompt = body.get("prompt")
@@ -63,6 +64,15 @@ def chat_session(body: Any, header: str | None) -> str | None:
             content = "".join(str(part.get("text", "")) for part in content if isinstance(part, dict))
         first_turn.append(content if isinstance(content, str) else "")
     return prefix_key(first_turn)
+
+
+def _bounded(key: str) -> str:
+    """A client's own key as routing, the session map and an upstream's header take it: as it
+    came when short and printable ASCII, else its digest (a header cannot carry a line break,
+    and the map holds many)."""
+    if len(key) <= _MAX_KEY and key.isascii() and key.isprintable():
+        return key
+    return "key:" + hashlib.blake2b(key.encode(), digest_size=12).hexdigest()
 
 
 def prefix_key(texts: Iterable[str]) -> str:

@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
 import msgspec
@@ -20,6 +20,7 @@ T = TypeVar("T")
 # The longest a call's routing waits on the session map: a Redis answers in a millisecond when
 # well, and a call is routed by its hash alone when not.
 _ROUTING_WAIT = 0.25
+_RETRY = 5.0  # seconds a failing session map is left alone
 
 # A run's lease lives in a sorted set (score: when it ends) and its owner, holder and cancel flag
 # in a hash; claiming within the caps, renewing and taking over read and write them in one step.
@@ -253,7 +254,8 @@ class RedisBackend:
 class RedisAffinity:
     """Session -> replica in Redis, each key living `ttl` seconds after its last use
     (`upstream.affinity.AffinityMap`). A routing decision waits on it for at most `timeout`;
-    past that, or when Redis fails, the session is routed by its hash alone (design.md 11.3)."""
+    past that, or when Redis fails, the session is routed by its hash alone, and the map is not
+    asked again for `_RETRY` seconds, so that an outage costs each call nothing (design.md 11.3)."""
 
     def __init__(self, redis: Redis, prefix: str, ttl: float, timeout: float) -> None:
         self._redis = redis
@@ -261,22 +263,26 @@ class RedisAffinity:
         self._ttl = max(1, round(ttl))
         self._timeout = timeout
         self._failing = False
+        self._asleep_until = 0.0
 
     async def get(self, key: str) -> str | None:
-        found = await self._guarded(self._redis.getex(self._prefix + key, ex=self._ttl))
+        found = await self._guarded(lambda: self._redis.getex(self._prefix + key, ex=self._ttl))
         return found.decode() if isinstance(found, bytes) else None
 
     async def set(self, key: str, replica: str) -> None:
-        await self._guarded(self._redis.set(self._prefix + key, replica, ex=self._ttl))
+        await self._guarded(lambda: self._redis.set(self._prefix + key, replica, ex=self._ttl))
 
-    async def _guarded(self, command: Awaitable[T]) -> T | None:
+    async def _guarded(self, command: Callable[[], Awaitable[T]]) -> T | None:
+        if time.monotonic() < self._asleep_until:
+            return None
         try:
             async with asyncio.timeout(self._timeout):
-                answer = await command
+                answer = await command()
         except Exception as exc:  # whatever broke, the session goes by its hash
             if not self._failing:
                 log.warning("the session map in Redis is failing (%r): sessions are routed by their hash", exc)
             self._failing = True
+            self._asleep_until = time.monotonic() + _RETRY
             return None
         if self._failing:
             log.warning("the session map in Redis works again")

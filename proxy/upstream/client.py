@@ -438,14 +438,12 @@ class UpstreamClient:
         if affinity is None or session is None:
             pinned, candidates = None, self._candidates()
         else:
-            pinned = session.previous or await affinity.get(session.key)
+            # The map first (a read renews it, and it knows a spill another pod made), then the
+            # replica of the response a chained turn continues.
+            pinned = await affinity.get(session.key) or session.previous
             candidates = choose(session.key, pinned, self._usable(), self.config.load_factor)
-        mapped = pinned
         refused: list[str] = []
         for replica in candidates:
-            if affinity is not None and session is not None and replica.url != mapped:
-                await affinity.set(session.key, replica.url)  # before it is sent: the next turn may come first
-                mapped = replica.url
             replica.outstanding += 1
             try:
                 response = await self._failures.guard(
@@ -461,7 +459,15 @@ class UpstreamClient:
             else:
                 if session is not None:
                     session.served_by = replica.url
-                if affinity is not None:
+                if affinity is not None and session is not None:
+                    # Once a replica answered: a request that reached none moves no session.
+                    if replica.url != pinned:
+                        try:
+                            await affinity.set(session.key, replica.url)
+                        except BaseException:  # cancelled: the answer is nobody's
+                            replica.outstanding -= 1
+                            response.close()
+                            raise
                     self._on_route(self.config.name, HIT if replica.url == pinned else NEW if pinned is None else SPILL)
                 return response, replica
         raise UpstreamNotReached(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")

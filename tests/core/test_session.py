@@ -55,6 +55,15 @@ def test_the_prefix_key_reads_a_bounded_part() -> None:
     assert key(instructions=long[:-10] + "a") != key(instructions=long[:-10] + "b")
 
 
+def test_a_clients_own_key_is_bounded() -> None:
+    """A key goes into an upstream header and the session map: one with a line break, or too
+    long, is its digest, the same every time."""
+    assert key(prompt_cache_key="conv-1") == "conv-1"
+    for sent in ("a\r\nx-injected: 1", "k" * 129, "sessión"):
+        assert key(prompt_cache_key=sent).startswith("key:") and key(prompt_cache_key=sent) == key(prompt_cache_key=sent)
+    assert chat_session({"messages": [], "user": "u\n"}, None) == key(prompt_cache_key="u\n")
+
+
 def test_a_session_header_is_the_first_of_those_configured() -> None:
     headers = {"x-session-id": "third", "session_id": "second"}
     assert from_headers(headers, ("session-id", "session_id", "x-session-id")) == "second"
@@ -110,6 +119,17 @@ def test_the_pinned_replica_first_while_under_the_bound() -> None:
     assert spilled[0] is ranked("s", replicas[1:])[0] and spilled[-1] is replicas[0]  # over the bound: last
     replicas[0].outstanding = 1
     assert choose("s", "http://a", replicas, 1.25)[0].url == "http://a"  # ceil(1.25 * 3 / 3) = 2
+
+
+def test_a_new_session_is_placed_by_the_mean() -> None:
+    """design.md 11.2: a session pinned nowhere has no prefix cached anywhere: placed by a bound
+    of the mean itself, while a pinned one keeps its replica up to load_factor times it."""
+    for i in range(100):
+        first = ranked(f"s{i}", REPLICAS[:3])[0]
+        replicas = [Replica(replica.url, 2 if replica is first else 1) for replica in REPLICAS[:3]]
+        # 5 with this call over 3: ceil(5 / 3) = 2 for a new session, ceil(1.25 * 5 / 3) = 3 for a pinned one.
+        assert choose(f"s{i}", None, replicas, 1.25)[0].url != first.url
+        assert choose(f"s{i}", first.url, replicas, 1.25)[0].url == first.url
 
 
 @pytest.mark.parametrize("load_factor", [1.25, 1.5])
