@@ -196,6 +196,10 @@ class Connections(_Section, frozen=True):
     # Client connections open at once; unset: half the open-file limit (raised to its hard
     # limit at startup), the rest left for upstream connections and files.
     max: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    # The Responses API's WebSocket transport (design.md 8.9); off: a 426, and clients go on
+    # over HTTP. A connection lasts at most `websocket_lifetime`, its response in flight ended.
+    websockets: bool = True
+    websocket_lifetime: Seconds = 3600.0
 
 
 class Background(_Section, frozen=True):

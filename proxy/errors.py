@@ -12,6 +12,7 @@
     │   ├── PayloadTooLarge         413  request_too_large
     │   ├── UnsupportedMediaType    415  unsupported_media_type
     │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
+    │   ├── UpgradeRequired         426  upgrade_required          the WebSocket transport is off
     │   └── TooManyRequests         429  rate_limit_exceeded       too many background runs;
     │                                                              an upstream's own 429
     ├── StoreUnavailable            503  store_unavailable         the response store failed a read
@@ -123,6 +124,14 @@ class UnsupportedMediaType(InvalidRequest):
 
 class UnprocessableEntity(InvalidRequest):
     status = 422
+
+
+class UpgradeRequired(InvalidRequest):
+    """The WebSocket transport is turned off here: a client that asked for it goes on over
+    HTTP (Codex does, on a 426; design.md 8.9)."""
+
+    status = 426
+    code = "upgrade_required"
 
 
 class TooManyRequests(InvalidRequest):

@@ -1,20 +1,32 @@
-"""What every handler that makes a Responses call works out alike: its translation settings
-from the route, and its session (design.md 11.1)."""
+"""What every handler that makes a Responses call works out alike: the call planned (parsed,
+routed, its history read, its translation settings from the route, its session, design.md
+11.1), whatever transport then carries it."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import RUNTIME
+from ..appkeys import REQUEST_ID, RUNTIME
+from ..background import AsStored
 from ..config import Target
-from ..responses.plan import TranslationSettings
+from ..responses.plan import Call, TranslationSettings, plan_call
+from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
 from ..responses.session import from_headers, response_session
+from ..responses.translate import ResponseTranslator
+from ..store import StoredResponse
 from ..upstream.affinity import Session
-from .stored import History
+from ..upstream.client import Exchange, UpstreamClient
+from .common import find_target, upstream_headers
+from .stored import History, read_history, stored_form
+
+log = logging.getLogger("proxy")
 
 CHAT_PATH = "/v1/chat/completions"
 # Keeps a finished response before its last event leaves, so that a client that chains at once
@@ -46,3 +58,67 @@ def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
         reasoning_summary=upstream.reasoning_summary,
         sealer=sealer,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class Turn:
+    """A Responses call planned, whatever carries it (HTTP, a WebSocket): what goes upstream,
+    where, and how its response is kept."""
+
+    past: History
+    call: Call
+    target: Target
+    client: UpstreamClient
+    session: Session | None
+    keep: Keep  # before the terminal event leaves (design.md 9.2)
+
+    def translator(self, request: web.Request) -> ResponseTranslator:
+        # A background run keeps its events even when its client asked for none (design.md 10.2).
+        streaming = self.call.stream or self.call.background
+        max_event = self.target.upstream.max_event_bytes
+        return ResponseTranslator(self.call, streaming=streaming, request_id=request[REQUEST_ID], max_event=max_event)
+
+    def post(self, request: web.Request) -> AbstractAsyncContextManager[Exchange]:
+        return self.client.post(CHAT_PATH, self.call.chat, upstream_headers(request), session=self.session)
+
+
+async def plan_turn(
+    request: web.Request,
+    data: Any,
+    kept: Mapping[str, StoredResponse] | None = None,
+    keep_here: Callable[[StoredResponse], None] | None = None,
+) -> tuple[Turn, AsStored | None]:
+    """Parse, route, read the history and plan a call. `kept` and `keep_here`: the responses of
+    a WebSocket connection, read as history and added to (design.md 8.9). Also how the response
+    is kept in the store, if it is."""
+    runtime = request.app[RUNTIME]
+    parsed = parse_request(data)
+    fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
+    target, client = find_target(request, parsed.model)
+    past = await read_history(request, parsed, kept)
+    store = runtime.store
+    stored = store is not None and parsed.store is not False
+    call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
+    _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
+    session = call_session(request, past) if client.keyed else None
+    as_stored = stored_form(request, data, past, session) if stored or keep_here is not None else None
+
+    async def keep(response: dict[str, Any]) -> None:
+        if as_stored is None:
+            return
+        kept_form = as_stored(response)
+        if keep_here is not None:
+            keep_here(kept_form)
+        if store is not None and stored:
+            await store.save(kept_form)
+
+    return Turn(past, call, target, client, session, keep), as_stored if stored else None
+
+
+def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:
+    """Count what the request named that the upstream is not sent; log each kind once per
+    process, since the same client sends the same thing on every turn (design.md 8.1)."""
+    metrics = request.app[RUNTIME].metrics
+    for what in ignored:
+        if metrics.ignored(what):
+            log.info("ignored in requests from now on, and counted in proxy_ignored_total: %s", what)

@@ -11,19 +11,15 @@ import msgspec
 from aiohttp import web
 
 from ..appkeys import REQUEST_ID, RUNTIME
-from ..config import Target
 from ..errors import InvalidRequest
 from ..responses import compaction
 from ..responses.body import load_json
 from ..responses.lifecycle import new_id, response_object
-from ..responses.plan import Call, plan_call
-from ..responses.schema import Message, parse_request
+from ..responses.schema import Message
 from ..responses.translate import ResponseTranslator
-from ..upstream.client import UpstreamClient
 from .body import read_body
-from .calls import CHAT_PATH, Keep, call_session, translation_settings
-from .common import find_target, json_response, upstream_headers
-from .stored import History, read_history
+from .calls import CHAT_PATH, Turn, plan_turn
+from .common import json_response, upstream_headers
 from .streaming import EventStream
 
 # What the summary's call leaves out of the conversation's chat request: the model writes text,
@@ -45,34 +41,35 @@ async def compact(request: web.Request) -> web.Response:
     data = load_json(await read_body(request), runtime.config.requests.max_depth)
     if isinstance(data, dict):  # what the call answers decides these (a summary, not kept)
         data = {**data, "stream": False, "store": False, "background": False, "include": None}
-    parsed = parse_request(data)
-    target, client = find_target(request, parsed.model)
-    past = await read_history(request, parsed)
-    call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=False)
-    summary, usage = await _summarised(request, past, call, target, client)
-    items = past.request.input
+    turn, _ = await plan_turn(request, data)
+    summary, usage = await _summarised(request, turn)
+    items = turn.past.request.input
     said = [Message(role="user", content=items)] if isinstance(items, str) else items
     users = [_kept(item) for item in said if isinstance(item, Message) and item.role == "user"]
     item = compaction.compaction_item(summary, runtime.sealer, new_id)
     return json_response(compaction.compacted(users, item, new_id("resp"), int(time.time()), usage))
 
 
-async def compaction_turn(
-    request: web.Request, past: History, call: Call, target: Target, client: UpstreamClient, keep: Keep
-) -> web.StreamResponse:
-    """A turn that ends with a `compaction_trigger`: answered by exactly one `compaction` item,
-    streamed or not, as the turn asked, and kept as any turn is."""
-    if call.background:
+async def compacted_turn(request: web.Request, turn: Turn) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A turn that ends with a `compaction_trigger`, answered by exactly one `compaction` item
+    and kept as any turn is: the Response, and its item."""
+    if turn.call.background:
         raise InvalidRequest(
-            "A compaction_trigger turn is answered at once: it cannot be background.", param="background"
+            "A compaction_trigger turn is answered at once, never in the background.", param="background"
         )
-    summary, usage = await _summarised(request, past, call, target, client)
+    summary, usage = await _summarised(request, turn)
     item = compaction.compaction_item(summary, request.app[RUNTIME].sealer, new_id)
     now = int(time.time())
-    response = response_object(new_id("resp"), now, "completed", [item], call.echo)
+    response = response_object(new_id("resp"), now, "completed", [item], turn.call.echo)
     response.update(completed_at=now, usage=usage)
-    await keep(response)
-    if not call.stream:
+    await turn.keep(response)
+    return response, item
+
+
+async def compaction_turn(request: web.Request, turn: Turn) -> web.StreamResponse:
+    """`compacted_turn` over HTTP, streamed or not as the turn asked."""
+    response, item = await compacted_turn(request, turn)
+    if not turn.call.stream:
         return json_response(response)
     stream = EventStream()
     await stream.prepare(request)
@@ -80,18 +77,15 @@ async def compaction_turn(
     return stream
 
 
-async def _summarised(
-    request: web.Request, past: History, call: Call, target: Target, client: UpstreamClient
-) -> tuple[str, dict[str, Any]]:
+async def _summarised(request: web.Request, turn: Turn) -> tuple[str, dict[str, Any]]:
     """The model's summary of the conversation (one non-streaming chat call: the conversation,
     then the compaction prompt), and that call's usage."""
-    chat = {key: value for key, value in call.chat.items() if key not in _NOT_FOR_A_SUMMARY}
+    chat = {key: value for key, value in turn.call.chat.items() if key not in _NOT_FOR_A_SUMMARY}
     chat["stream"] = False
     chat["messages"] = [*chat["messages"], {"role": "user", "content": compaction.PROMPT}]
-    session = call_session(request, past) if client.keyed else None
-    async with client.post(CHAT_PATH, chat, upstream_headers(request), session=session) as exchange:
+    async with turn.client.post(CHAT_PATH, chat, upstream_headers(request), session=turn.session) as exchange:
         body = await exchange.read_body()
-    answer = ResponseTranslator(call, streaming=False, request_id=request[REQUEST_ID]).complete(body)
+    answer = ResponseTranslator(turn.call, streaming=False, request_id=request[REQUEST_ID]).complete(body)
     texts = [part for item in answer["output"] if item["type"] == "message" for part in item["content"]]
     return "".join(part["text"] for part in texts if part["type"] == "output_text"), answer["usage"]
 

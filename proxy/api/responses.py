@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable
-from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 from aiohttp import web
@@ -16,15 +14,12 @@ from ..errors import ProxyError
 from ..relay import relay
 from ..responses import compaction
 from ..responses.body import load_json
-from ..responses.plan import plan_call
-from ..responses.schema import parse_request, unknown_fields
 from ..responses.translate import ResponseTranslator
 from ..upstream.client import Exchange
 from . import background, compact
 from .body import read_body
-from .calls import CHAT_PATH, Keep, call_session, translation_settings
-from .common import find_target, json_response, upstream_headers
-from .stored import read_history, stored_form
+from .calls import Keep, Turn, plan_turn
+from .common import json_response
 from .streaming import ClientWatch, EventStream
 
 log = logging.getLogger("proxy")
@@ -32,39 +27,16 @@ log = logging.getLogger("proxy")
 
 async def create_response(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
-    runtime = request.app[RUNTIME]
-    data = load_json(await read_body(request), runtime.config.requests.max_depth)
-    parsed = parse_request(data)
-    fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
-    target, client = find_target(request, parsed.model)
-    past = await read_history(request, parsed)
-    store = runtime.store
-    stored = store is not None and parsed.store is not False
-    call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
-    _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
-
-    session = call_session(request, past) if client.keyed else None
-    as_stored = stored_form(request, data, past, session) if stored else None
-
-    async def keep(response: dict[str, Any]) -> None:
-        if store is not None and as_stored is not None:
-            await store.save(as_stored(response))
-
-    if compaction.triggered(past.request):
-        return await compact.compaction_turn(request, past, call, target, client, keep)
-    # A background run keeps its events even when its client asked for none (design.md 10.2).
-    streaming = call.stream or call.background
-    translator = ResponseTranslator(
-        call, streaming=streaming, request_id=request[REQUEST_ID], max_event=target.upstream.max_event_bytes
-    )
-
-    def post() -> AbstractAsyncContextManager[Exchange]:
-        return client.post(CHAT_PATH, call.chat, upstream_headers(request), session=session)
-
+    data = load_json(await read_body(request), request.app[RUNTIME].config.requests.max_depth)
+    turn, as_stored = await plan_turn(request, data)
+    call, keep = turn.call, turn.keep
+    if compaction.triggered(turn.past.request):
+        return await compact.compaction_turn(request, turn)
+    translator = turn.translator(request)
     if call.background:
-        return await background.start(request, translator, as_stored, post, stream=call.stream)
+        return await background.start(request, translator, as_stored, lambda: turn.post(request), stream=call.stream)
     try:
-        async with post() as exchange:
+        async with turn.post(request) as exchange:
             if call.stream:
                 response, output = await _stream(request, translator, exchange, started, keep)
             else:
@@ -75,22 +47,17 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         if not (call.stream and error.in_stream):
             raise
         response, output = await _failed_stream(request, translator, error, keep)
-    usage = output and output["usage"]
-    if usage:
-        metrics = runtime.metrics
-        metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
-        metrics.prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens"])
-        metrics.cached_prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens_details"]["cached_tokens"])
+    if output is not None:
+        count_usage(request, turn, output)
     return response
 
 
-def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:
-    """Count what the request named that the upstream is not sent; log each kind once per
-    process, since the same client sends the same thing on every turn (design.md 8.1)."""
-    metrics = request.app[RUNTIME].metrics
-    for what in ignored:
-        if metrics.ignored(what):
-            log.info("ignored in requests from now on, and counted in proxy_ignored_total: %s", what)
+def count_usage(request: web.Request, turn: Turn, output: dict[str, Any]) -> None:
+    """A finished call's tokens, from its upstream's usage (design.md 11.4)."""
+    usage, target, metrics = output["usage"], turn.target, request.app[RUNTIME].metrics
+    metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
+    metrics.prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens"])
+    metrics.cached_prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens_details"]["cached_tokens"])
 
 
 async def _stream(

@@ -3,6 +3,7 @@ keeping its response, and GET / DELETE /v1/responses/{id} and its input_items.""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,14 +36,18 @@ class History:
     previous: StoredResponse | None = None  # the response it continues
 
 
-async def read_history(request: web.Request, parsed: CreateResponse) -> History:
-    """The request's input with what it refers to read from the store; an unknown previous
-    response or reference is a 400 naming the field (design.md 9.4)."""
+async def read_history(
+    request: web.Request, parsed: CreateResponse, kept: Mapping[str, StoredResponse] | None = None
+) -> History:
+    """The request's input with what it refers to read from the store, or from `kept` (the
+    responses of a WebSocket connection, design.md 8.9); an unknown previous response or
+    reference is a 400 naming the field (design.md 9.4)."""
     previous_id, wanted = parsed.previous_response_id, history.references(parsed)
     if previous_id is None and not wanted:
         return History(parsed, [], {})
+    kept = kept or {}
     store = request.app[RUNTIME].store
-    if store is None:
+    if store is None and (wanted or previous_id not in kept):
         param = "previous_response_id" if previous_id else "input"
         raise InvalidRequest(
             "This proxy keeps no responses (store: none): nothing to continue or refer to.", param=param
@@ -52,13 +57,16 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
     chain: list[StoredResponse] = []
     previous = None
     if previous_id is not None:
-        previous = await store.get(previous_id, owner)
+        previous = kept.get(previous_id) or (await store.get(previous_id, owner) if store is not None else None)
         if previous is None:
             raise InvalidRequest(
                 f"Previous response with id '{previous_id}' not found.", param="previous_response_id", code=_NOT_FOUND
             )
         ancestors = [*previous.ancestors, previous.id]
-        found = await store.get_many(previous.ancestors, owner) if previous.ancestors else {}
+        found = {id: kept[id] for id in previous.ancestors if id in kept}
+        unread = [id for id in previous.ancestors if id not in found]
+        if unread and store is not None:
+            found |= await store.get_many(unread, owner)
         missing = [id for id in previous.ancestors if id not in found]
         if missing:
             raise InvalidRequest(
@@ -67,7 +75,8 @@ async def read_history(request: web.Request, parsed: CreateResponse) -> History:
                 code=_NOT_FOUND,
             )
         chain = [*(found[id] for id in previous.ancestors), previous]
-    referenced = {id: orjson.loads(item) for id, item in (await store.items(wanted, owner) if wanted else {}).items()}
+    found_items = await store.items(wanted, owner) if wanted and store is not None else {}
+    referenced = {id: orjson.loads(item) for id, item in found_items.items()}
     items = history.chain_items([(bytes(stored.input_items), bytes(stored.response)) for stored in chain])
     return History(history.expand(parsed, items, referenced), ancestors, referenced, previous)
 

@@ -1,0 +1,113 @@
+"""The WebSocket transport (design.md 8.9) through the real proxy: the openai SDK's
+`responses.connect()` and a bare aiohttp WebSocket as clients, the fake upstream behind."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from proxy.config import parse
+from tests.client import LOGPROBS, validate_event
+from tests.events import check_stream
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
+
+HELLO = Generation([Step("text", "Hello", [score("Hello")]), Step("text", " there", [score(" there")]), Step("finish", finish_reason="stop")])
+
+
+async def one_turn(socket: aiohttp.ClientWebSocketResponse, frame: dict[str, Any]) -> list[dict]:
+    """Send a frame; the events that answer it, to the terminal one (or an error frame)."""
+    await socket.send_json(frame)
+    events = []
+    while True:
+        event = await socket.receive_json(timeout=10)
+        events.append(event)
+        if event["type"] in ("response.completed", "response.failed", "response.incomplete", "error") and not (
+            event["type"] == "error" and "sequence_number" in event
+        ):
+            return events
+
+
+async def test_turns_on_one_connection_chain_without_a_store(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """Each event of a turn is its SSE event's JSON, in a text frame of its own, the score
+    contract whole (design.md 3.7); a later turn continues an unstored response of the same
+    connection by `previous_response_id`, and another connection cannot."""
+    upstream.script(Reply(HELLO), Reply(HELLO))
+    async with http.ws_connect(f"{proxy}/v1/responses", headers={"OpenAI-Beta": "responses_websockets=2026-02-06"}) as socket:
+        first = await one_turn(socket, {"type": "response.create", "model": "m", "input": "hi", "store": False, "include": LOGPROBS, "top_logprobs": 1})
+        stream = check_stream(first)
+        assert stream.text == "Hello there" and len(stream.logprobs) == 2
+        for event in first:
+            validate_event(event)
+        response_id = first[-1]["response"]["id"]
+        second = await one_turn(socket, {"type": "response.create", "model": "m", "input": "again", "store": False, "previous_response_id": response_id})
+        assert second[-1]["type"] == "response.completed"
+    assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["hi", "Hello there", "again"]
+    async with http.ws_connect(f"{proxy}/v1/responses") as other:
+        (error,) = await one_turn(other, {"type": "response.create", "model": "m", "input": "x", "previous_response_id": response_id})
+    assert error["type"] == "error" and error["error"]["param"] == "previous_response_id"
+
+
+async def test_generate_false_prepares_a_turn_to_continue(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """`generate: false` keeps the request's state without output (no upstream call), for a
+    later turn to continue (a client prewarming its connection)."""
+    upstream.script(Reply(HELLO))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        prepared = await one_turn(socket, {"type": "response.create", "model": "m", "instructions": "Be brief.", "input": "context", "generate": False, "store": False})
+        assert [e["type"] for e in prepared] == ["response.created", "response.in_progress", "response.completed"]
+        assert prepared[-1]["response"]["output"] == [] and upstream.requests == []
+        await one_turn(socket, {"type": "response.create", "model": "m", "input": "go", "previous_response_id": prepared[-1]["response"]["id"]})
+    assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["context", "go"]
+
+
+@pytest.mark.parametrize(
+    ("frame", "param"),
+    [
+        pytest.param(b"not json", None, id="not-json"),
+        pytest.param({"type": "response.cancel"}, "type", id="another-type"),
+        pytest.param({"type": "response.create", "model": "m"}, "input", id="no-input"),
+        pytest.param({"type": "response.create", "model": "m", "input": "x", "background": True}, "background", id="background"),
+    ],
+)
+async def test_a_bad_frame_is_an_error_frame_and_the_connection_goes_on(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, frame: Any, param: str | None
+) -> None:
+    upstream.script(Reply(HELLO))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        if isinstance(frame, bytes):
+            await socket.send_bytes(frame)
+            error = await socket.receive_json(timeout=10)
+        else:
+            (error,) = await one_turn(socket, frame)
+        assert error["type"] == "error" and error["status"] == 400 and error["error"]["param"] == param
+        after = await one_turn(socket, {"type": "response.create", "model": "m", "input": "hi"})
+        assert after[-1]["type"] == "response.completed"
+
+
+async def test_the_openai_sdk_over_the_websocket(upstream: FakeUpstream, proxy: str) -> None:
+    upstream.script(Reply(HELLO))
+    client = openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0, timeout=10)
+    try:
+        async with client.responses.connect() as connection:
+            await connection.send({"type": "response.create", "model": "m", "input": "hi", "store": False})
+            kinds = []
+            async for event in connection:
+                kinds.append(event.type)
+                if event.type == "response.completed":
+                    assert event.response.output_text == "Hello there"
+                    break
+    finally:
+        await client.close()
+    assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
+
+
+async def test_off_it_is_a_426_and_a_plain_get_a_405(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 8.9: turned off, the handshake is refused with a 426, on which Codex goes on over HTTP."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "connections": {"websockets": False}}))
+    with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+        await http.ws_connect(f"{url}/v1/responses")
+    assert refused.value.status == 426
+    async with http.get(f"{url}/v1/responses") as response:
+        assert response.status == 405 and "POST" in response.headers["Allow"]
