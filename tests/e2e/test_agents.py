@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import json
 
+import aiohttp
 import openai
-from agents import Agent, OpenAIResponsesModel, Runner, function_tool, set_tracing_disabled
+from agents import Agent, OpenAIResponsesModel, OpenAIResponsesWSModel, Runner, function_tool, set_tracing_disabled
 
 from tests.e2e.model import answers, calls, script, tool_round
 from tests.fake_upstream import FakeUpstream
@@ -69,3 +70,31 @@ async def test_auto_previous_response_id_chains_through_the_store(upstream: Fake
     assistant, tool = tool_round(upstream)
     assert upstream.requests[1]["messages"][: len(first_turn)] == first_turn  # the history, rebuilt
     assert tool["content"] == "21C in Paris" and assistant.get("reasoning_content") == THOUGHT
+
+
+async def test_a_tool_round_over_the_websocket_transport(upstream: FakeUpstream, proxy: str) -> None:
+    """design.md 8.9: openai-agents' websocket transport, a tool round on one connection; its
+    second turn continues the first (unstored) by previous_response_id on that connection."""
+    script(upstream, calls("get_weather", {"city": "Paris"}, "call_w", reasoning=THOUGHT), answers(ANSWER))
+
+    @function_tool
+    def get_weather(city: str) -> str:
+        """Get the weather for a city."""
+        return f"21C in {city}"
+
+    set_tracing_disabled(True)
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
+        model = OpenAIResponsesWSModel(model="qwen3", openai_client=client)
+        agent = Agent(name="assistant", instructions="You are a helpful assistant.", model=model, tools=[get_weather])
+        result = Runner.run_streamed(agent, "What is the weather in Paris?")
+        async for _ in result.stream_events():
+            pass
+        await model.close()
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy}/metrics") as metrics:
+        text = await metrics.text()
+
+    assert result.final_output == ANSWER
+    assistant, tool = tool_round(upstream)
+    assert tool["content"] == "21C in Paris" and assistant.get("reasoning_content") == THOUGHT
+    upgraded = [line for line in text.splitlines() if line.startswith("proxy_requests_total") and 'status="101"' in line]
+    assert upgraded and 'endpoint="/v1/responses"' in upgraded[0], text  # it came over the WebSocket

@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+
 from proxy.responses.compaction import HEAD, PROMPT
 from tests.e2e.clients import Codex
 from tests.e2e.model import answers, calls, chat_tools, script, tool_round
@@ -110,3 +112,22 @@ async def test_a_provider_named_openai_compacts_through_the_proxy(codex: Codex, 
     assert run.answer == DONE, run.transcript
     after = upstream.requests[-1]["messages"]
     assert {"role": "user", "content": HEAD + summary} in after, after
+
+
+async def test_a_turn_over_the_websocket_transport(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
+    """design.md 8.9: a provider with `supports_websockets` makes Codex open a WebSocket to
+    /v1/responses; the tool round runs over it."""
+    script(upstream, calls("exec_command", {"cmd": "echo e2e-$((6*7))"}, "call_echo"), answers(DONE))
+
+    flags = ("-c", "model_providers.local.supports_websockets=true")
+    run = await codex.exec(proxy, "Print the marker.", tmp_path, flags=flags)
+
+    assert run.rc == 0, run.transcript
+    assert run.answer == DONE, run.transcript
+    assert "e2e-42" in run.completed("command_execution")[0]["aggregated_output"], run.transcript
+    async with aiohttp.ClientSession() as http, http.get(f"{proxy}/metrics") as metrics:
+        text = await metrics.text()
+    # One request to /v1/responses carried both turns: the WebSocket (Codex leaves without a close
+    # frame, so it counts as a client gone, 499, not 101).
+    served = [line for line in text.splitlines() if line.startswith('proxy_requests_total{endpoint="/v1/responses"')]
+    assert len(served) == 1 and served[0].endswith(" 1.0") and len(upstream.requests) == 2, text
