@@ -55,6 +55,14 @@ async def test_a_conversation_compacts_and_goes_on_from_its_summary(upstream: Fa
     ]
 
 
+async def test_codexs_older_name_of_the_item_is_read(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(Reply(HI))
+    body = {"model": "m", "input": [{"type": "compaction_summary", "encrypted_content": "The user asked for a poem."}, {"role": "user", "content": "next"}]}
+    async with http.post(f"{proxy}/v1/responses", json=body) as response:
+        assert response.status == 200, await response.text()
+    assert upstream.requests[-1]["messages"][0] == {"role": "user", "content": HEAD + "The user asked for a poem."}
+
+
 @pytest.mark.parametrize(
     ("blob", "read"),
     [

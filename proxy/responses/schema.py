@@ -358,6 +358,8 @@ def _prepared(items: list[Any]) -> list[Any]:
                 param=f"input[{index}].type",
                 code="unsupported_parameter",
             )
+        if kind == "compaction_summary":  # Codex's older name of the item
+            item = {**item, "type": "compaction"}
         if kind == "additional_tools" and isinstance(item.get("tools"), list):
             item = {**item, "tools": [_stand_in(tool, _hosted) for tool in item["tools"]]}
         prepared.append(_stand_in(item, NO_CHAT_FORM.__contains__))
