@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -12,7 +13,7 @@ import pytest
 from proxy.config import parse
 from tests.client import LOGPROBS, validate_event
 from tests.events import check_stream
-from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score, sglang_error
 
 HELLO = Generation([Step("text", "Hello", [score("Hello")]), Step("text", " there", [score(" there")]), Step("finish", finish_reason="stop")])
 
@@ -111,3 +112,60 @@ async def test_off_it_is_a_426_and_a_plain_get_a_405(upstream: FakeUpstream, sta
     assert refused.value.status == 426
     async with http.get(f"{url}/v1/responses") as response:
         assert response.status == 405 and "POST" in response.headers["Allow"]
+
+
+async def test_a_long_chain_of_unstored_turns_goes_on(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """design.md 8.9: a connection keeps a few responses, each whole with its chain, so an agent
+    loop of any length continues from the last."""
+    upstream.script(Reply(HELLO))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        previous = None
+        for i in range(20):
+            frame = {"type": "response.create", "model": "m", "input": f"turn {i}", "store": False}
+            events = await one_turn(socket, {**frame, **({"previous_response_id": previous} if previous else {})})
+            assert events[-1]["type"] == "response.completed", events[-1]
+            previous = events[-1]["response"]["id"]
+    said = [m["content"] for m in upstream.requests[-1]["messages"]]
+    assert said[::2] == [f"turn {i}" for i in range(20)] and said[1::2] == ["Hello there"] * 19
+
+
+async def test_a_client_that_closes_mid_turn_stops_the_generation(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """design.md 4.10: the socket is read while a turn runs; a close frame ends the turn and its
+    upstream request at once, as a client leaving an SSE stream does."""
+    long = Generation([*(Step("text", f"w{i} ") for i in range(40)), Step("finish", finish_reason="stop")])
+    upstream.script(Reply(long, stall_after=4))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        await socket.send_json({"type": "response.create", "model": "m", "input": "hi"})
+        assert (await socket.receive_json(timeout=10))["type"] == "response.created"
+        await socket.close()
+    await asyncio.wait_for(upstream.disconnected.wait(), 2)
+
+
+async def test_errors_come_as_a_turn_would_over_http(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """design.md 8.7, 8.9: a prompt over the context ends a turn with `response.failed`, as a
+    stream over HTTP does; a frame nested past the limit is an error frame naming the field."""
+    upstream.script(sglang_error(400, "The input (5000 tokens) is longer than the model's context length (4096 tokens)."), Reply(HELLO))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        events = await one_turn(socket, {"type": "response.create", "model": "m", "input": "a long prompt"})
+        assert [e["type"] for e in events] == ["response.created", "response.in_progress", "error", "response.failed"]
+        assert events[-1]["response"]["error"]["code"] == "context_length_exceeded"
+        deep: Any = "x"
+        for _ in range(200):
+            deep = {"a": deep}
+        (error,) = await one_turn(socket, {"type": "response.create", "model": "m", "input": "hi", "metadata": deep})
+        assert error["type"] == "error" and error["error"]["param"] is not None and error["error"]["param"].startswith("metadata")
+        assert (await one_turn(socket, {"type": "response.create", "model": "m", "input": "hi"}))[-1]["type"] == "response.completed"
+
+
+async def test_a_stored_response_deleted_cannot_be_continued_on_its_connection(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path
+) -> None:
+    """design.md 8.9, 9.4: a stored response is read from the store, which a delete reaches."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "store": {"url": f"sqlite:{tmp_path}/r.db"}}))
+    upstream.script(Reply(HELLO))
+    async with http.ws_connect(f"{url}/v1/responses") as socket:
+        made = (await one_turn(socket, {"type": "response.create", "model": "m", "input": "hi"}))[-1]["response"]["id"]
+        async with http.delete(f"{url}/v1/responses/{made}") as deleted:
+            assert deleted.status == 200
+        (error,) = await one_turn(socket, {"type": "response.create", "model": "m", "input": "more", "previous_response_id": made})
+    assert error["error"]["code"] == "previous_response_not_found"

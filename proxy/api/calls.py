@@ -10,11 +10,14 @@ from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
+import msgspec
+import orjson
 from aiohttp import web
 
 from ..appkeys import REQUEST_ID, RUNTIME
 from ..background import AsStored
 from ..config import Target
+from ..errors import ProxyError
 from ..responses.plan import Call, TranslationSettings, plan_call
 from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
@@ -107,12 +110,22 @@ async def plan_turn(
         if as_stored is None:
             return
         kept_form = as_stored(response)
-        if keep_here is not None:
-            keep_here(kept_form)
         if store is not None and stored:
-            await store.save(kept_form)
+            await store.save(kept_form)  # read from the store again, which a delete reaches
+        elif keep_here is not None:
+            # Kept whole, its chain's items with its own: a connection keeps a few responses, and
+            # a chain of any length continues from the last (design.md 8.9).
+            own = orjson.loads(bytes(kept_form.input_items))
+            whole = msgspec.Raw(orjson.dumps([*past.chain, *own]))
+            keep_here(msgspec.structs.replace(kept_form, input_items=whole, ancestors=[]))
 
     return Turn(past, call, target, client, session, keep), as_stored if stored else None
+
+
+def log_failure(request: web.Request, error: ProxyError | None) -> None:
+    """An upstream failure's own words, which the client saw only as a request id (design.md 5.7)."""
+    if error is not None and error.internal:
+        log.warning("%s %s: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
 
 
 def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:

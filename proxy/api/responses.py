@@ -9,7 +9,7 @@ from typing import Any
 from aiohttp import web
 from prometheus_client import Histogram
 
-from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
+from ..appkeys import MODEL_PATTERN, RUNTIME
 from ..errors import ProxyError
 from ..relay import relay
 from ..responses import compaction
@@ -18,7 +18,7 @@ from ..responses.translate import ResponseTranslator
 from ..upstream.client import Exchange
 from . import background, compact
 from .body import read_body
-from .calls import Keep, Turn, plan_turn
+from .calls import Keep, Turn, log_failure, plan_turn
 from .common import json_response
 from .streaming import ClientWatch, EventStream
 
@@ -80,7 +80,7 @@ async def _stream(
         metrics.streams.dec()
     if whole:
         await exchange.drain()
-    _log_failure(request, translator)
+    log_failure(request, translator.error)
     return response, translator.response
 
 
@@ -112,13 +112,6 @@ class _ClientSink:
         if self._first_token is not None and self._translator.generating:
             self._first_token.observe(time.monotonic() - self._started)
             self._first_token = None
-
-
-def _log_failure(request: web.Request, translator: ResponseTranslator) -> None:
-    """An upstream failure's own words, which the client saw only as a request id (design.md 5.7)."""
-    error = translator.error
-    if error is not None and error.internal:
-        log.warning("%s %s: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
 
 
 async def _failed_stream(

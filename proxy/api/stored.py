@@ -4,7 +4,7 @@ keeping its response, and GET / DELETE /v1/responses/{id} and its input_items.""
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -34,6 +34,7 @@ class History:
     ancestors: list[str]  # kept with its response
     referenced: dict[str, dict[str, Any]]
     previous: StoredResponse | None = None  # the response it continues
+    chain: list[dict[str, Any]] = field(default_factory=list)  # the chain's items, oldest first
 
 
 async def read_history(
@@ -78,7 +79,7 @@ async def read_history(
     found_items = await store.items(wanted, owner) if wanted and store is not None else {}
     referenced = {id: orjson.loads(item) for id, item in found_items.items()}
     items = history.chain_items([(bytes(stored.input_items), bytes(stored.response)) for stored in chain])
-    return History(history.expand(parsed, items, referenced), ancestors, referenced, previous)
+    return History(history.expand(parsed, items, referenced), ancestors, referenced, previous, items)
 
 
 def stored_form(request: web.Request, data: dict[str, Any], past: History, session: Session | None) -> AsStored:

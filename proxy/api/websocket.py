@@ -7,24 +7,27 @@ with `previous_response_id` on it even when they are not stored."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
-from collections import OrderedDict
+from collections import OrderedDict, deque
 from typing import Any
 
 import orjson
-from aiohttp import WSMsgType, web
+from aiohttp import WSMessage, WSMsgType, web
 
 from ..appkeys import REQUEST_ID, RUNTIME
 from ..errors import InvalidRequest, ProxyError, UpgradeRequired
 from ..relay import relay
 from ..responses import compaction
+from ..responses.body import load_json
 from ..responses.lifecycle import new_id, response_object, usage_object
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
-from .calls import Keep, Turn, plan_turn
+from .calls import Keep, Turn, log_failure, plan_turn
 from .compact import compacted_turn
 from .responses import count_usage
 
+log = logging.getLogger("proxy")
 # The responses of one connection kept for `previous_response_id`: an agent continues the last
 # one; a few more cost little.
 _KEPT = 16
@@ -41,15 +44,38 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
     connection = _Connection(request, socket)
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + config.connections.websocket_lifetime
-    while not socket.closed:
-        try:
-            message = await socket.receive(timeout=max(0.0, ends_at - loop.time()))
-        except TimeoutError:  # its lifetime is over, between two turns
-            break
-        if message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-            await connection.turn(message.data)
-        elif message.type in (WSMsgType.CLOSE, WSMsgType.CLOSING, WSMsgType.CLOSED, WSMsgType.ERROR):
-            break
+    # The socket is read while a turn runs, so that a client's close stops its generation at
+    # once (design.md 4.10); frames that come meanwhile wait their turn.
+    waiting: deque[str | bytes] = deque()
+    receiving: asyncio.Task[WSMessage] | None = None
+    turn: asyncio.Task[None] | None = None
+    try:
+        while True:
+            if turn is None and waiting:
+                turn = asyncio.create_task(connection.turn(waiting.popleft()))
+            if receiving is None and loop.time() < ends_at:
+                receiving = asyncio.create_task(socket.receive(timeout=max(0.0, ends_at - loop.time())))
+            running = {task for task in (receiving, turn) if task is not None}
+            if not running:
+                break  # its lifetime is over, between two turns
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            if turn in done:
+                turn = None
+            if receiving in done:
+                try:
+                    message = receiving.result()
+                except TimeoutError:  # its lifetime is over: the turn running ends first
+                    message = None
+                receiving = None
+                if message is not None and message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    waiting.append(message.data)
+                elif message is not None:
+                    break  # closed: a turn still running stops, and its upstream request with it
+    finally:
+        for task in (receiving, turn):
+            if task is not None:
+                task.cancel()
+        await asyncio.gather(*(task for task in (receiving, turn) if task is not None), return_exceptions=True)
     await socket.close()
     return socket
 
@@ -59,6 +85,7 @@ class _Connection:
         self._request = request
         self._socket = socket
         self._kept: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._client_idle = min(upstream.timeouts.client_idle for upstream in request.app[RUNTIME].config.upstreams)
 
     def _keep_here(self, stored: StoredResponse) -> None:
         self._kept[stored.id] = stored
@@ -70,10 +97,8 @@ class _Connection:
         """One `response.create` frame: its events, or an `error` frame (the connection stays)."""
         request = self._request
         try:
-            try:
-                frame = orjson.loads(raw)
-            except orjson.JSONDecodeError as exc:
-                raise InvalidRequest(f"The frame is not valid JSON: {exc}") from None
+            data = raw.encode() if isinstance(raw, str) else raw
+            frame = load_json(data, request.app[RUNTIME].config.requests.max_depth)
             if not isinstance(frame, dict) or frame.get("type") != "response.create":
                 raise InvalidRequest("Send `response.create` frames.", param="type")
             body = {key: value for key, value in frame.items() if key not in ("type", "generate")}
@@ -88,16 +113,31 @@ class _Connection:
             else:
                 await self._generated(turn)
         except ProxyError as error:
+            log_failure(request, error)
             shown = error.for_client(request[REQUEST_ID])
+            await self._send({"type": "error", "status": shown.status, **shown.envelope()})
+        except ClientGone:
+            if request.transport is not None:
+                request.transport.abort()  # the reader sees the socket closed, and the loop ends
+        except Exception:  # not foreseen: logged whole, answered in the envelope (design.md 5.9)
+            log.exception("a WebSocket turn failed", extra={"request_id": request[REQUEST_ID]})
+            shown = ProxyError(f"internal error; request id {request[REQUEST_ID]}")
             await self._send({"type": "error", "status": shown.status, **shown.envelope()})
 
     async def _generated(self, turn: Turn) -> None:
         translator = turn.translator(self._request)
         sink = _SocketSink(self, translator, turn.keep)
-        async with turn.post(self._request) as exchange:
-            await sink.write(translator.start())
-            if await relay(translator, exchange, sink):
-                await exchange.drain()
+        try:
+            async with turn.post(self._request) as exchange:
+                await sink.write(translator.start())
+                if await relay(translator, exchange, sink):
+                    await exchange.drain()
+        except ProxyError as error:
+            if not error.in_stream:
+                raise
+            # An error clients act on from the event (design.md 8.7): a stream of its own.
+            await sink.write(translator.start() + translator.fail(error))
+        log_failure(self._request, translator.error)
         if translator.response is not None:
             count_usage(self._request, turn, translator.response)
 
@@ -111,14 +151,23 @@ class _Connection:
         await self.send_events(compaction.turn_events(response, None))
 
     async def send_events(self, sse: bytes) -> None:
-        """SSE-framed events as the transport's frames: each event's JSON alone."""
-        for event in sse.split(b"\n\n"):
-            data = event.partition(b"data: ")[2]
-            if data and data != b"[DONE]":
-                await self._socket.send_str(data.decode())
+        """SSE-framed events as the transport's frames, each event's JSON alone. A client that
+        takes nothing for `client_idle` is let go, its turn and upstream request with it (4.12)."""
+        try:
+            async with asyncio.timeout(self._client_idle):
+                for event in sse.split(b"\n\n"):
+                    data = event.partition(b"data: ")[2]
+                    if data and data != b"[DONE]":
+                        await self._socket.send_str(data.decode())
+        except TimeoutError:
+            raise ClientGone("the client took nothing for client_idle") from None
 
     async def _send(self, event: dict[str, Any]) -> None:
         await self._socket.send_str(orjson.dumps(event).decode())
+
+
+class ClientGone(Exception):
+    """The client stopped reading: the connection ends (its handler cancels the turn)."""
 
 
 class _SocketSink:
