@@ -108,11 +108,14 @@ async def test_a_turn_ending_with_a_compaction_trigger_is_answered_by_one_compac
     """design.md 8.8: Codex's default (compaction v2) ends a normal turn with a
     `compaction_trigger` and requires exactly one `compaction` item back, streamed as any item."""
     upstream.script(Reply(SUMMARISED), Reply(HI))
-    body = {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "tools": TOOLS, "stream": stream, "store": False}
+    body = {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "tools": TOOLS, "tool_choice": "required", "stream": stream}
     async with http.post(f"{proxy}/v1/responses", json=body) as answer:
         assert answer.status == 200, await answer.text()
         raw = await answer.read()
-    assert upstream.requests[-1]["messages"][-1] == {"role": "user", "content": PROMPT}
+    asked = upstream.requests[-1]
+    assert asked["messages"][-1] == {"role": "user", "content": PROMPT}
+    # The model writes text, all at once: nothing a chat server refuses with stream false.
+    assert asked["stream"] is False and not {"tools", "tool_choice", "stream_options", "parallel_tool_calls"} & asked.keys()
     if stream:
         events = parse_sse(raw)
         for event in events:
@@ -127,6 +130,8 @@ async def test_a_turn_ending_with_a_compaction_trigger_is_answered_by_one_compac
         validate_response(response)
     (item,) = response["output"]
     assert item["type"] == "compaction" and response["status"] == "completed" and response["usage"]["output_tokens"] == 17
+    async with http.get(f"{proxy}/v1/responses/{response['id']}") as kept:  # kept as any turn is
+        assert kept.status == 200 and (await kept.json())["output"] == [item]
     async with http.post(f"{proxy}/v1/responses", json={"model": "m", "input": [item, {"role": "user", "content": "go on"}]}) as answer:
         assert answer.status == 200
     assert upstream.requests[-1]["messages"] == [{"role": "user", "content": HEAD + SUMMARY}, {"role": "user", "content": "go on"}]
