@@ -16,6 +16,16 @@ THOUGHT = "Paris: the weather tool knows."
 ANSWER = "It is 21C in Paris."
 
 
+@function_tool
+def weather(city: str) -> str:
+    """Get the weather for a city."""
+    return f"21C in {city}"
+
+
+def weather_agent(model: OpenAIResponsesModel) -> Agent:
+    return Agent(name="assistant", instructions="You are a helpful assistant.", model=model, tools=[weather])
+
+
 async def test_streamed_function_tool_round_trip(upstream: FakeUpstream, proxy: str) -> None:
     script(upstream, calls("get_weather", {"city": "Paris"}, "call_w", reasoning=THOUGHT), answers(ANSWER))
     asked: list[str] = []
@@ -47,17 +57,11 @@ async def test_streamed_function_tool_round_trip(upstream: FakeUpstream, proxy: 
 async def test_auto_previous_response_id_chains_through_the_store(upstream: FakeUpstream, proxy: str) -> None:
     """With `auto_previous_response_id`, the SDK's second request carries only the tool's
     result and the first response's id: the proxy rebuilds the turn from its store."""
-    script(upstream, calls("get_weather", {"city": "Paris"}, "call_w", reasoning=THOUGHT), answers(ANSWER))
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """Get the weather for a city."""
-        return f"21C in {city}"
+    script(upstream, calls("weather", {"city": "Paris"}, "call_w", reasoning=THOUGHT), answers(ANSWER))
 
     set_tracing_disabled(True)
     async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
-        model = OpenAIResponsesModel(model="qwen3", openai_client=client)
-        agent = Agent(name="assistant", instructions="You are a helpful assistant.", model=model, tools=[get_weather])
+        agent = weather_agent(OpenAIResponsesModel(model="qwen3", openai_client=client))
         result = Runner.run_streamed(agent, "What is the weather in Paris?", auto_previous_response_id=True)
         async for _ in result.stream_events():
             pass
@@ -73,20 +77,14 @@ async def test_auto_previous_response_id_chains_through_the_store(upstream: Fake
 
 
 async def test_a_tool_round_over_the_websocket_transport(upstream: FakeUpstream, proxy: str) -> None:
-    """design.md 8.9: openai-agents' websocket transport, a tool round on one connection; its
-    second turn continues the first (unstored) by previous_response_id on that connection."""
-    script(upstream, calls("get_weather", {"city": "Paris"}, "call_w", reasoning=THOUGHT), answers(ANSWER))
-
-    @function_tool
-    def get_weather(city: str) -> str:
-        """Get the weather for a city."""
-        return f"21C in {city}"
+    """design.md 8.9: openai-agents' websocket transport: a tool round, both turns on one
+    connection."""
+    script(upstream, calls("weather", {"city": "Paris"}, "call_w", reasoning=THOUGHT), answers(ANSWER))
 
     set_tracing_disabled(True)
     async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
         model = OpenAIResponsesWSModel(model="qwen3", openai_client=client)
-        agent = Agent(name="assistant", instructions="You are a helpful assistant.", model=model, tools=[get_weather])
-        result = Runner.run_streamed(agent, "What is the weather in Paris?")
+        result = Runner.run_streamed(weather_agent(model), "What is the weather in Paris?")
         async for _ in result.stream_events():
             pass
         await model.close()
