@@ -14,7 +14,7 @@ from ..appkeys import REQUEST_ID, RUNTIME
 from ..errors import InvalidRequest
 from ..responses import compaction
 from ..responses.body import load_json
-from ..responses.lifecycle import new_id, response_object
+from ..responses.lifecycle import completed, new_id, whole_stream
 from ..responses.schema import Message
 from ..responses.translate import ResponseTranslator
 from .body import read_body
@@ -50,30 +50,28 @@ async def compact(request: web.Request) -> web.Response:
     return json_response(compaction.compacted(users, item, new_id("resp"), int(time.time()), usage))
 
 
-async def compacted_turn(request: web.Request, turn: Turn) -> tuple[dict[str, Any], dict[str, Any]]:
+async def compacted_turn(request: web.Request, turn: Turn) -> dict[str, Any]:
     """A turn that ends with a `compaction_trigger`, answered by exactly one `compaction` item
-    and kept as any turn is: the Response, and its item."""
+    and kept as any turn is: the Response."""
     if turn.call.background:
         raise InvalidRequest(
             "A compaction_trigger turn is answered at once, never in the background.", param="background"
         )
     summary, usage = await _summarised(request, turn)
     item = compaction.compaction_item(summary, request.app[RUNTIME].sealer, new_id)
-    now = int(time.time())
-    response = response_object(new_id("resp"), now, "completed", [item], turn.call.echo)
-    response.update(completed_at=now, usage=usage)
+    response = completed(new_id("resp"), int(time.time()), [item], turn.call.echo, usage)
     await turn.keep(response)
-    return response, item
+    return response
 
 
 async def compaction_turn(request: web.Request, turn: Turn) -> web.StreamResponse:
     """`compacted_turn` over HTTP, streamed or not as the turn asked."""
-    response, item = await compacted_turn(request, turn)
+    response = await compacted_turn(request, turn)
     if not turn.call.stream:
         return json_response(response)
     stream = EventStream()
     await stream.prepare(request)
-    await stream.write_eof(compaction.turn_events(response, item))
+    await stream.write_eof(whole_stream(response))
     return stream
 
 

@@ -20,7 +20,7 @@ from ..errors import InvalidRequest, ProxyError, UpgradeRequired
 from ..relay import relay
 from ..responses import compaction
 from ..responses.body import load_json
-from ..responses.lifecycle import new_id, response_object, usage_object
+from ..responses.lifecycle import completed, new_id, usage_object, whole_stream
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
 from .calls import Keep, Turn, log_failure, plan_turn
@@ -108,8 +108,7 @@ class _Connection:
             if frame.get("generate") is False:
                 await self._prepared(turn)
             elif compaction.triggered(turn.past.request):
-                response, item = await compacted_turn(request, turn)
-                await self.send_events(compaction.turn_events(response, item))
+                await self.send_events(whole_stream(await compacted_turn(request, turn)))
             else:
                 await self._generated(turn)
         except ProxyError as error:
@@ -144,11 +143,9 @@ class _Connection:
     async def _prepared(self, turn: Turn) -> None:
         """`generate: false`: the request's state kept without output, for a later turn to
         continue with `previous_response_id` (a client prewarming its connection)."""
-        now = int(time.time())
-        response = response_object(new_id("resp"), now, "completed", [], turn.call.echo)
-        response.update(completed_at=now, usage=usage_object(None))
+        response = completed(new_id("resp"), int(time.time()), [], turn.call.echo, usage_object(None))
         await turn.keep(response)
-        await self.send_events(compaction.turn_events(response, None))
+        await self.send_events(whole_stream(response))
 
     async def send_events(self, sse: bytes) -> None:
         """SSE-framed events as the transport's frames, each event's JSON alone. A client that

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .lifecycle import DONE, IdSource, encoded_event
+from .lifecycle import IdSource
 from .schema import CompactionTrigger, CreateResponse
 from .sealing import Sealer
 
@@ -45,21 +45,6 @@ def compacted(
         "output": [*kept, item],
         "usage": usage,
     }
-
-
-def turn_events(response: dict[str, Any], item: dict[str, Any] | None) -> bytes:
-    """The stream of a turn whose output is made before its first event (a compaction, or
-    `item` None, none at all): created, in progress, the item added and done, completed, then
-    `[DONE]` (design.md 4.3)."""
-    opened = {**response, "status": "in_progress", "completed_at": None, "output": [], "usage": None}
-    made = [] if item is None else [("response.output_item.added", item), ("response.output_item.done", item)]
-    events: list[dict[str, Any]] = [
-        {"type": "response.created", "response": opened},
-        {"type": "response.in_progress", "response": opened},
-        *({"type": kind, "output_index": 0, "item": made_item} for kind, made_item in made),
-        {"type": "response.completed", "response": response},
-    ]
-    return b"".join(encoded_event({**event, "sequence_number": i}) + b"\n\n" for i, event in enumerate(events)) + DONE
 
 
 def summary_of(blob: str, sealer: Sealer | None) -> str | None:
