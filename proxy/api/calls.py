@@ -74,6 +74,7 @@ class Turn:
     client: UpstreamClient
     session: Session | None
     keep: Keep  # before the terminal event leaves (design.md 9.2)
+    stored_as: AsStored | None  # how the store keeps the response; None: it does not
 
     def translator(self, request: web.Request) -> ResponseTranslator:
         # A background run keeps its events even when its client asked for none (design.md 10.2).
@@ -90,10 +91,9 @@ async def plan_turn(
     data: Any,
     kept: Mapping[str, StoredResponse] | None = None,
     keep_here: Callable[[StoredResponse], None] | None = None,
-) -> tuple[Turn, AsStored | None]:
+) -> Turn:
     """Parse, route, read the history and plan a call. `kept` and `keep_here`: the responses of
-    a WebSocket connection, read as history and added to (design.md 8.9). Also how the response
-    is kept in the store, if it is."""
+    a WebSocket connection, read as history and added to (design.md 8.9)."""
     runtime = request.app[RUNTIME]
     parsed = parse_request(data)
     fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
@@ -119,7 +119,7 @@ async def plan_turn(
             whole = msgspec.Raw(orjson.dumps([*past.chain, *own]))
             keep_here(msgspec.structs.replace(kept_form, input_items=whole, ancestors=[]))
 
-    return Turn(past, call, target, client, session, keep), as_stored if stored else None
+    return Turn(past, call, target, client, session, keep, as_stored if stored else None)
 
 
 def log_failure(request: web.Request, error: ProxyError | None) -> None:

@@ -41,7 +41,7 @@ async def compact(request: web.Request) -> web.Response:
     data = load_json(await read_body(request), runtime.config.requests.max_depth)
     if isinstance(data, dict):  # what the call answers decides these (a summary, not kept)
         data = {**data, "stream": False, "store": False, "background": False, "include": None}
-    turn, _ = await plan_turn(request, data)
+    turn = await plan_turn(request, data)
     summary, usage = await _summarised(request, turn)
     items = turn.past.request.input
     said = [Message(role="user", content=items)] if isinstance(items, str) else items

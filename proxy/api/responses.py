@@ -28,13 +28,15 @@ log = logging.getLogger("proxy")
 async def create_response(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     data = load_json(await read_body(request), request.app[RUNTIME].config.requests.max_depth)
-    turn, as_stored = await plan_turn(request, data)
+    turn = await plan_turn(request, data)
     call, keep = turn.call, turn.keep
     if compaction.triggered(turn.past.request):
         return await compact.compaction_turn(request, turn)
     translator = turn.translator(request)
     if call.background:
-        return await background.start(request, translator, as_stored, lambda: turn.post(request), stream=call.stream)
+        return await background.start(
+            request, translator, turn.stored_as, lambda: turn.post(request), stream=call.stream
+        )
     try:
         async with turn.post(request) as exchange:
             if call.stream:

@@ -10,7 +10,6 @@ import asyncio
 import logging
 import time
 from collections import OrderedDict, deque
-from typing import Any
 
 import orjson
 from aiohttp import WSMessage, WSMsgType, web
@@ -23,7 +22,7 @@ from ..responses.body import load_json
 from ..responses.lifecycle import completed, new_id, usage_object, whole_stream
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
-from .calls import Keep, Turn, log_failure, plan_turn
+from .calls import Turn, log_failure, plan_turn
 from .compact import compacted_turn
 from .responses import count_usage
 
@@ -85,7 +84,6 @@ class _Connection:
         self._request = request
         self._socket = socket
         self._kept: OrderedDict[str, StoredResponse] = OrderedDict()
-        self._client_idle = min(upstream.timeouts.client_idle for upstream in request.app[RUNTIME].config.upstreams)
 
     def _keep_here(self, stored: StoredResponse) -> None:
         self._kept[stored.id] = stored
@@ -102,30 +100,28 @@ class _Connection:
             if not isinstance(frame, dict) or frame.get("type") != "response.create":
                 raise InvalidRequest("Send `response.create` frames.", param="type")
             body = {key: value for key, value in frame.items() if key not in ("type", "generate")}
-            turn, _ = await plan_turn(request, {**body, "stream": True}, self._kept, self._keep_here)
+            turn = await plan_turn(request, {**body, "stream": True}, self._kept, self._keep_here)
             if turn.call.background:
                 raise InvalidRequest("A background response is made over HTTP, not on a WebSocket.", param="background")
             if frame.get("generate") is False:
                 await self._prepared(turn)
             elif compaction.triggered(turn.past.request):
-                await self.send_events(whole_stream(await compacted_turn(request, turn)))
+                await self.send_events(whole_stream(await compacted_turn(request, turn)), turn)
             else:
                 await self._generated(turn)
         except ProxyError as error:
             log_failure(request, error)
-            shown = error.for_client(request[REQUEST_ID])
-            await self._send({"type": "error", "status": shown.status, **shown.envelope()})
+            await self._send_error(error.for_client(request[REQUEST_ID]))
         except ClientGone:
             if request.transport is not None:
                 request.transport.abort()  # the reader sees the socket closed, and the loop ends
         except Exception:  # not foreseen: logged whole, answered in the envelope (design.md 5.9)
             log.exception("a WebSocket turn failed", extra={"request_id": request[REQUEST_ID]})
-            shown = ProxyError(f"internal error; request id {request[REQUEST_ID]}")
-            await self._send({"type": "error", "status": shown.status, **shown.envelope()})
+            await self._send_error(ProxyError(f"internal error; request id {request[REQUEST_ID]}"))
 
     async def _generated(self, turn: Turn) -> None:
         translator = turn.translator(self._request)
-        sink = _SocketSink(self, translator, turn.keep)
+        sink = _SocketSink(self, translator, turn)
         try:
             async with turn.post(self._request) as exchange:
                 await sink.write(translator.start())
@@ -145,13 +141,14 @@ class _Connection:
         continue with `previous_response_id` (a client prewarming its connection)."""
         response = completed(new_id("resp"), int(time.time()), [], turn.call.echo, usage_object(None))
         await turn.keep(response)
-        await self.send_events(whole_stream(response))
+        await self.send_events(whole_stream(response), turn)
 
-    async def send_events(self, sse: bytes) -> None:
+    async def send_events(self, sse: bytes, turn: Turn) -> None:
         """SSE-framed events as the transport's frames, each event's JSON alone. A client that
-        takes nothing for `client_idle` is let go, its turn and upstream request with it (4.12)."""
+        takes nothing for its upstream's `client_idle` is let go, its turn and upstream request
+        with it (4.12)."""
         try:
-            async with asyncio.timeout(self._client_idle):
+            async with asyncio.timeout(turn.target.upstream.timeouts.client_idle):
                 for event in sse.split(b"\n\n"):
                     data = event.partition(b"data: ")[2]
                     if data and data != b"[DONE]":
@@ -159,8 +156,11 @@ class _Connection:
         except TimeoutError:
             raise ClientGone("the client took nothing for client_idle") from None
 
-    async def _send(self, event: dict[str, Any]) -> None:
-        await self._socket.send_str(orjson.dumps(event).decode())
+    async def _send_error(self, error: ProxyError) -> None:
+        """The transport's error frame: the error's envelope, with its status."""
+        await self._socket.send_str(
+            orjson.dumps({"type": "error", "status": error.status, **error.envelope()}).decode()
+        )
 
 
 class ClientGone(Exception):
@@ -171,12 +171,12 @@ class _SocketSink:
     """The relay's sink on a WebSocket: the finished response kept before its terminal event
     leaves (design.md 9.2), each event a frame."""
 
-    def __init__(self, connection: _Connection, translator: ResponseTranslator, keep: Keep) -> None:
+    def __init__(self, connection: _Connection, translator: ResponseTranslator, turn: Turn) -> None:
         self._connection = connection
         self._translator = translator
-        self._keep = keep
+        self._turn = turn
 
     async def write(self, events: bytes) -> None:
         if self._translator.response is not None:
-            await self._keep(self._translator.response)
-        await self._connection.send_events(events)
+            await self._turn.keep(self._translator.response)
+        await self._connection.send_events(events, self._turn)
