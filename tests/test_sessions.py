@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from proxy.config import Config, parse
+from proxy.store.redis import RedisBackend
 from tests.client import eventually, post_json
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 from tests.harness import sample, scrape
@@ -217,3 +218,28 @@ async def test_cached_prompt_tokens_are_reported(upstream: FakeUpstream, start_p
     metrics = await scrape(http, url)
     assert sample(metrics, "proxy_cached_prompt_tokens_total", upstream="one") == 32
     assert sample(metrics, "proxy_prompt_tokens_total", upstream="one") == 40
+
+
+async def test_a_session_map_in_a_redis_that_hangs_costs_a_call_little() -> None:
+    """design.md 11.3: a Redis that does not answer within 0.25 s leaves the call routed by its
+    hash, and is not asked again for 5 s: the next calls do not wait on it."""
+    heard: list[bytes] = []
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):  # reads every command, answers none
+            heard.append(data)
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = RedisBackend(f"redis://127.0.0.1:{port}/0", "test:", 60, 100, 2.0)
+    try:
+        affinity = backend.affinity("fleet", 60)
+        assert await asyncio.wait_for(affinity.get("agent"), 1) is None  # given up within the bound
+        asked = len(heard)
+        assert asked > 0
+        assert await asyncio.wait_for(affinity.get("agent"), 0.05) is None
+        await asyncio.wait_for(affinity.set("agent", "http://r1"), 0.05)
+        assert len(heard) == asked  # left alone: nothing more was sent
+    finally:
+        await backend.close()
+        server.close()
