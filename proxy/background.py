@@ -24,7 +24,7 @@ import orjson
 
 from .config import Background
 from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
-from .relay import relay
+from .relay import Compactor, relay
 from .responses.lifecycle import failed_ending, is_terminal
 from .responses.translate import ResponseTranslator
 from .store import CapReached, ResponseStore, Runs, StoredResponse
@@ -56,7 +56,7 @@ class BackgroundRuns:
         self.sweeper = asyncio.create_task(self._sweep())  # lives as long as the process
 
     async def start(
-        self, translator: ResponseTranslator, as_stored: AsStored, owner: str, post: Post
+        self, translator: ResponseTranslator, as_stored: AsStored, owner: str, post: Post, compactor: Compactor
     ) -> dict[str, Any]:
         """Take the lease within the caps (in all, and for this key: design.md 10.5), keep the
         queued response, run it; the queued response."""
@@ -82,7 +82,7 @@ class BackgroundRuns:
             with contextlib.suppress(StoreUnavailable):
                 await self._store.release(id)
             raise
-        self._runs[id] = asyncio.create_task(self._run(id, translator, as_stored, post))
+        self._runs[id] = asyncio.create_task(self._run(id, translator, as_stored, post, compactor))
         self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
         return queued
 
@@ -103,7 +103,9 @@ class BackgroundRuns:
         if self._runs:
             await asyncio.wait(self._runs.values(), timeout=linger)
 
-    async def _run(self, id: str, translator: ResponseTranslator, as_stored: AsStored, post: Post) -> None:
+    async def _run(
+        self, id: str, translator: ResponseTranslator, as_stored: AsStored, post: Post, compactor: Compactor
+    ) -> None:
         events = _EventLog(self._store, id, translator, as_stored, self._settings.snapshot_interval)
         run = asyncio.current_task()
         assert run is not None
@@ -111,7 +113,7 @@ class BackgroundRuns:
         try:
             await events.write(translator.start())
             async with post() as exchange:
-                await relay(translator, exchange, events)
+                await relay(translator, exchange, events, compactor)
         except ProxyError as error:  # the upstream refused, or could not be reached
             await events.write(translator.fail(error))
         except asyncio.CancelledError:

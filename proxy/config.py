@@ -105,6 +105,9 @@ class Upstream(_Section, frozen=True):
     # The reasoning summary a request that asks for none gets (design.md 8.5): `auto` turns the
     # display of reasoning on in clients that show it only from summary events (the AI SDK).
     reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
+    # The model's context window in tokens: where `context_management` compacts by default
+    # (design.md 8.10) and what the model list tells Codex (8.11).
+    context_window: Annotated[int, msgspec.Meta(ge=1)] | None = None
     # Several replicas: `session` sends every turn of a session to the replica that holds its
     # prefix cache, while it carries under `load_factor` times the mean load (design.md 11.2);
     # `least_outstanding` balances each request alone.

@@ -4,6 +4,7 @@ the item sent back as input becomes the summary in the conversation."""
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import aiohttp
@@ -135,3 +136,134 @@ async def test_a_turn_ending_with_a_compaction_trigger_is_answered_by_one_compac
     async with http.post(f"{proxy}/v1/responses", json={"model": "m", "input": [item, {"role": "user", "content": "go on"}]}) as answer:
         assert answer.status == 200
     assert upstream.requests[-1]["messages"] == [{"role": "user", "content": HEAD + SUMMARY}, {"role": "user", "content": "go on"}]
+
+
+# -- context_management: compaction after a turn that crossed its threshold (8.10) ---------------
+
+ANSWER = Generation([Step("text", "Fixed: a.py imports os now."), Step("finish", finish_reason="stop")], prompt_tokens=100, completion_tokens=20)
+AT_120 = [{"type": "compaction", "compact_threshold": 120}]
+
+
+async def _turn(http: aiohttp.ClientSession, proxy: str, body: dict[str, Any]) -> dict[str, Any]:
+    """A turn's Response, streamed (its events validated, numbered in order) or not."""
+    async with http.post(f"{proxy}/v1/responses", json=body) as answer:
+        assert answer.status == 200, await answer.text()
+        raw = await answer.read()
+    if not body.get("stream"):
+        response: dict[str, Any] = orjson.loads(raw)
+        validate_response(response)
+        return response
+    events = parse_sse(raw)
+    for event in events:
+        validate_event(event)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    added = [e["item"]["type"] for e in events if e["type"] == "response.output_item.added"]
+    assert added == [item["type"] for item in events[-1]["response"]["output"]]
+    return dict(events[-1]["response"])
+
+
+@pytest.mark.parametrize("stream", [False, True], ids=["plain", "stream"])
+async def test_a_turn_that_reaches_its_threshold_ends_with_a_compaction_item(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, stream: bool
+) -> None:
+    """design.md 8.10: the answer streams first, then the conversation, the answer included, is
+    summarised; the next turn starts from the summary and the user's messages."""
+    upstream.script(Reply(ANSWER), Reply(SUMMARISED), Reply(HI))
+    body = {"model": "m", "input": HISTORY, "tools": TOOLS, "context_management": AT_120, "stream": stream}
+    response = await _turn(http, proxy, body)
+    answer, item = response["output"]
+    assert (answer["type"], item["type"], response["status"]) == ("message", "compaction", "completed")
+    asked = upstream.requests[-1]
+    assert asked["stream"] is False and "tools" not in asked
+    assert asked["messages"][-2:] == [{"role": "assistant", "content": "Fixed: a.py imports os now."}, {"role": "user", "content": PROMPT}]
+    usage = response["usage"]  # the answer's and the summary's
+    assert (usage["input_tokens"], usage["output_tokens"], usage["total_tokens"]) == (190, 37, 227)
+
+    body = {"model": "m", "input": [*HISTORY, *response["output"], {"role": "user", "content": "thanks"}]}
+    await _turn(http, proxy, body)
+    assert upstream.requests[-1]["messages"] == [
+        {"role": "system", "content": "You are a coding agent."},
+        {"role": "user", "content": "fix the tests"},
+        {"role": "user", "content": "go on"},
+        {"role": "user", "content": HEAD + SUMMARY},
+        {"role": "user", "content": "thanks"},
+    ]
+
+
+async def test_a_chain_goes_on_from_the_compaction_its_stored_turn_ended_with(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession
+) -> None:
+    upstream.script(Reply(ANSWER), Reply(SUMMARISED), Reply(HI))
+    first = await _turn(http, proxy, {"model": "m", "input": "fix the tests", "context_management": AT_120})
+    await _turn(http, proxy, {"model": "m", "input": "thanks", "previous_response_id": first["id"]})
+    assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["fix the tests", HEAD + SUMMARY, "thanks"]
+
+
+async def test_a_turn_under_its_threshold_is_not_compacted(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(Reply(ANSWER))
+    response = await _turn(http, proxy, {"model": "m", "input": "q", "context_management": [{"type": "compaction", "compact_threshold": 121}]})
+    assert [item["type"] for item in response["output"]] == ["message"] and len(upstream.requests) == 1
+
+
+async def test_the_default_threshold_is_a_share_of_the_routes_context_window(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    """An entry without `compact_threshold` compacts at 80% of the upstream's `context_window`;
+    without one, the entry is ignored and counted."""
+    windowed = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "context_window": 150}]}))
+    plain = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}]}))
+    body = {"model": "m", "input": "q", "context_management": [{"type": "compaction"}, {"type": "trim_tools"}]}
+    upstream.script(Reply(ANSWER), Reply(SUMMARISED), Reply(ANSWER))
+    assert [item["type"] for item in (await _turn(http, windowed, body))["output"]] == ["message", "compaction"]  # 120 >= 120
+    assert [item["type"] for item in (await _turn(http, plain, body))["output"]] == ["message"]
+    metrics = await scrape(http, plain)
+    assert sample(metrics, "proxy_ignored_total", what="context_management:compaction") == 1
+    assert sample(metrics, "proxy_ignored_total", what="context_management:trim_tools") == 1
+
+
+async def test_a_summary_that_fails_leaves_the_answer_whole(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(Reply(ANSWER), Reply(status=500, body={"error": {"message": "out of memory"}}))
+    response = await _turn(http, proxy, {"model": "m", "input": "q", "context_management": AT_120, "stream": True})
+    assert [item["type"] for item in response["output"]] == ["message"] and response["status"] == "completed"
+    assert response["usage"]["input_tokens"] == 100
+
+
+async def test_a_tool_call_answered_after_the_compaction_stays_with_its_output(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession
+) -> None:
+    """A turn that ends in a tool call compacts too: the call is moved after the summary, so
+    that its output follows it."""
+    calling = Generation([Step("tool", '{"cmd": "ls"}', tool_id="c2", tool_name="exec"), Step("finish", finish_reason="tool_calls")], prompt_tokens=150)
+    upstream.script(Reply(calling), Reply(SUMMARISED), Reply(HI))
+    response = await _turn(http, proxy, {"model": "m", "input": HISTORY, "tools": TOOLS, "context_management": AT_120, "stream": True})
+    assert [item["type"] for item in response["output"]] == ["function_call", "compaction"]
+    output = {"type": "function_call_output", "call_id": "c2", "output": "a.py b.py"}
+    await _turn(http, proxy, {"model": "m", "input": [*HISTORY, *response["output"], output], "tools": TOOLS})
+    assert [m["role"] for m in upstream.requests[-1]["messages"]] == ["system", "user", "user", "user", "assistant", "tool"]
+    assert upstream.requests[-1]["messages"][-2]["tool_calls"][0]["id"] == "c2"
+
+
+async def test_compaction_after_a_turn_in_the_background_and_on_a_websocket(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession
+) -> None:
+    """Every transport that runs a turn ends it the same way (design.md 8.9, 10)."""
+    upstream.script(Reply(ANSWER), Reply(SUMMARISED))
+    queued = await _turn(http, proxy, {"model": "m", "input": "q", "context_management": AT_120, "background": True})
+    async with asyncio.timeout(10):
+        while (ended := await _stored(http, proxy, queued["id"]))["status"] in ("queued", "in_progress"):
+            await asyncio.sleep(0.05)
+    assert [item["type"] for item in ended["output"]] == ["message", "compaction"]
+
+    upstream.script(Reply(ANSWER), Reply(SUMMARISED))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        await socket.send_json({"type": "response.create", "model": "m", "input": "q", "context_management": AT_120})
+        events = []
+        while not events or events[-1]["type"] != "response.completed":
+            events.append(await socket.receive_json(timeout=10))
+    for event in events:
+        validate_event(event)
+    assert [item["type"] for item in events[-1]["response"]["output"]] == ["message", "compaction"]
+
+
+async def _stored(http: aiohttp.ClientSession, proxy: str, id: str) -> dict[str, Any]:
+    async with http.get(f"{proxy}/v1/responses/{id}") as response:
+        assert response.status == 200
+        return dict(await response.json())

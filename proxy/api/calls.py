@@ -59,6 +59,7 @@ def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
         hosted_tools=upstream.hosted_tools,
         late_system_role=upstream.late_system_messages,
         reasoning_summary=upstream.reasoning_summary,
+        context_window=upstream.context_window,
         sealer=sealer,
     )
 

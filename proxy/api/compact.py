@@ -1,9 +1,12 @@
-"""Compaction over HTTP (design.md 8.8): POST /v1/responses/compact, and a turn whose last
-input item is a `compaction_trigger`, both answered by the model's summary of the conversation,
-as Codex and openai-agents compact a history that no longer fits."""
+"""Compaction over HTTP (design.md 8.8, 8.10): POST /v1/responses/compact, a turn whose last
+input item is a `compaction_trigger`, and a turn whose conversation crossed its
+`context_management` threshold, all answered by the model's summary of the conversation, as
+Codex, openai-agents and the AI SDK compact a history that no longer fits."""
 
 from __future__ import annotations
 
+import dataclasses
+import logging
 import time
 from typing import Any
 
@@ -11,14 +14,16 @@ import msgspec
 from aiohttp import web
 
 from ..appkeys import REQUEST_ID, RUNTIME
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, ProxyError
+from ..relay import Compactor
 from ..responses import compaction
 from ..responses.body import load_json
 from ..responses.lifecycle import completed, new_id, whole_stream
-from ..responses.schema import Message
+from ..responses.plan import plan_call
+from ..responses.schema import Message, parse_items
 from ..responses.translate import ResponseTranslator
 from .body import read_body
-from .calls import CHAT_PATH, Turn, plan_turn
+from .calls import CHAT_PATH, Turn, plan_turn, translation_settings
 from .common import json_response, upstream_headers
 from .streaming import EventStream
 
@@ -33,6 +38,7 @@ _NOT_FOR_A_SUMMARY = (
     "top_logprobs",
     "stream_options",
 )
+log = logging.getLogger("proxy")
 
 
 async def compact(request: web.Request) -> web.Response:
@@ -43,9 +49,7 @@ async def compact(request: web.Request) -> web.Response:
         data = {**data, "stream": False, "store": False, "background": False, "include": None}
     turn = await plan_turn(request, data)
     summary, usage = await _summarised(request, turn)
-    items = turn.past.request.input
-    said = [Message(role="user", content=items)] if isinstance(items, str) else items
-    users = [_kept(item) for item in said if isinstance(item, Message) and item.role == "user"]
+    users = [_kept(item) for item in turn.past.request.items() if isinstance(item, Message) and item.role == "user"]
     item = compaction.compaction_item(summary, runtime.sealer, new_id)
     return json_response(compaction.compacted(users, item, new_id("resp"), int(time.time()), usage))
 
@@ -75,17 +79,51 @@ async def compaction_turn(request: web.Request, turn: Turn) -> web.StreamRespons
     return stream
 
 
-async def _summarised(request: web.Request, turn: Turn) -> tuple[str, dict[str, Any]]:
-    """The model's summary of the conversation (one non-streaming chat call: the conversation,
-    then the compaction prompt), and that call's usage."""
+def compactor(request: web.Request, turn: Turn) -> Compactor:
+    """The compaction of a turn whose conversation, its answer included, crossed its
+    `context_management` threshold (design.md 8.10). A summary that fails is logged, and the
+    answer completes without it: the turn's own tokens are whole."""
+
+    async def compact_after(output: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
+        try:
+            summary, usage = await _summarised(request, turn, output)
+        except ProxyError as error:
+            log.warning(
+                "the compaction after a turn failed: %s", error.message, extra={"request_id": request[REQUEST_ID]}
+            )
+            return None
+        return compaction.compaction_item(summary, request.app[RUNTIME].sealer, new_id), usage
+
+    return compact_after
+
+
+async def _summarised(
+    request: web.Request, turn: Turn, output: list[dict[str, Any]] | None = None
+) -> tuple[str, dict[str, Any]]:
+    """The model's summary of the conversation, this turn's `output` after it (one
+    non-streaming chat call: the conversation, then the compaction prompt), and that call's
+    usage."""
     chat = {key: value for key, value in turn.call.chat.items() if key not in _NOT_FOR_A_SUMMARY}
     chat["stream"] = False
-    chat["messages"] = [*chat["messages"], {"role": "user", "content": compaction.PROMPT}]
+    said = _with_output(request, turn, output) if output else chat["messages"]
+    chat["messages"] = [*said, {"role": "user", "content": compaction.PROMPT}]
     async with turn.client.post(CHAT_PATH, chat, upstream_headers(request), session=turn.session) as exchange:
         body = await exchange.read_body()
-    answer = ResponseTranslator(turn.call, streaming=False, request_id=request[REQUEST_ID]).complete(body)
+    call = dataclasses.replace(turn.call, compact_at=None)
+    answer = ResponseTranslator(call, streaming=False, request_id=request[REQUEST_ID]).complete(body)
+    assert answer is not None  # a call that compacts nothing ends
     texts = [part for item in answer["output"] if item["type"] == "message" for part in item["content"]]
     return "".join(part["text"] for part in texts if part["type"] == "output_text"), answer["usage"]
+
+
+def _with_output(request: web.Request, turn: Turn, output: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The chat messages of the turn's conversation with its answer after it, planned as the
+    next turn would send them."""
+    past = turn.past.request
+    whole = msgspec.structs.replace(past, input=[*past.items(), *parse_items(output)])
+    planned = plan_call(whole, translation_settings(turn.target, request.app[RUNTIME].sealer))
+    messages: list[dict[str, Any]] = planned.chat["messages"]
+    return messages
 
 
 def _kept(message: Message) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from prometheus_client import Histogram
 
 from ..appkeys import MODEL_PATTERN, RUNTIME
 from ..errors import ProxyError
-from ..relay import relay
+from ..relay import compacted, relay
 from ..responses import compaction
 from ..responses.body import load_json
 from ..responses.translate import ResponseTranslator
@@ -35,14 +35,22 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     translator = turn.translator(request)
     if call.background:
         return await background.start(
-            request, translator, turn.stored_as, lambda: turn.post(request), stream=call.stream
+            request,
+            translator,
+            turn.stored_as,
+            lambda: turn.post(request),
+            compact.compactor(request, turn),
+            stream=call.stream,
         )
     try:
         async with turn.post(request) as exchange:
             if call.stream:
-                response, output = await _stream(request, translator, exchange, started, keep)
+                response, output = await _stream(request, turn, translator, exchange, started)
             else:
-                output = translator.complete(await exchange.read_body())
+                if translator.complete(await exchange.read_body()) is None:
+                    await compacted(translator, compact.compactor(request, turn))
+                output = translator.response
+                assert output is not None  # complete() ends it, or compacted() does
                 await keep(output)
                 response = json_response(output)
     except ProxyError as error:
@@ -63,18 +71,18 @@ def count_usage(request: web.Request, turn: Turn, output: dict[str, Any]) -> Non
 
 
 async def _stream(
-    request: web.Request, translator: ResponseTranslator, exchange: Exchange, started: float, keep: Keep
+    request: web.Request, turn: Turn, translator: ResponseTranslator, exchange: Exchange, started: float
 ) -> tuple[web.StreamResponse, dict[str, Any] | None]:
     runtime = request.app[RUNTIME]
     metrics = runtime.metrics
     response = EventStream()
     await response.prepare(request)
     watch = ClientWatch(request, response, runtime.config.keepalive, exchange.timeouts.client_idle, exchange.deadline)
-    sink = _ClientSink(watch, translator, keep, metrics.first_token.labels(request[MODEL_PATTERN]), started)
+    sink = _ClientSink(watch, translator, turn.keep, metrics.first_token.labels(request[MODEL_PATTERN]), started)
     metrics.streams.inc()
     try:
         await sink.write(translator.start())
-        whole = await relay(translator, exchange, sink)
+        whole = await relay(translator, exchange, sink, compact.compactor(request, turn))
     except ConnectionResetError:
         whole = False  # the client left before aiohttp cancelled us; leaving closes the upstream
     finally:

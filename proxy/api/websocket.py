@@ -23,7 +23,7 @@ from ..responses.lifecycle import completed, new_id, usage_object, whole_stream
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
 from .calls import Turn, log_failure, plan_turn
-from .compact import compacted_turn
+from .compact import compacted_turn, compactor
 from .responses import count_usage
 
 log = logging.getLogger("proxy")
@@ -125,7 +125,7 @@ class _Connection:
         try:
             async with turn.post(self._request) as exchange:
                 await sink.write(translator.start())
-                if await relay(translator, exchange, sink):
+                if await relay(translator, exchange, sink, compactor(self._request, turn)):
                     await exchange.drain()
         except ProxyError as error:
             if not error.in_stream:

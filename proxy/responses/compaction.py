@@ -7,7 +7,16 @@ from __future__ import annotations
 from typing import Any
 
 from .lifecycle import IdSource
-from .schema import CompactionTrigger, CreateResponse
+from .schema import (
+    Compaction,
+    CompactionTrigger,
+    CreateResponse,
+    CustomToolCall,
+    FunctionCall,
+    InputItem,
+    Message,
+    ToolOutput,
+)
 from .sealing import Sealer
 
 # Asked of the model after the conversation, as the last user message: what the agent that
@@ -18,6 +27,9 @@ PROMPT = (
     "(files read and changed, commands run, their results); the decisions made and why; what remains "
     "to do. Keep every exact name, path, value and error message needed to go on. Write only the summary."
 )
+# The share of the route's context window at which `context_management` compacts when its
+# entry names no threshold (design.md 8.10).
+DEFAULT_THRESHOLD = 0.8
 # How a compaction item reads to the model when it comes back as input.
 HEAD = "A summary of the conversation before this point (compacted to fit the context):\n\n"
 
@@ -55,3 +67,33 @@ def summary_of(blob: str, sealer: Sealer | None) -> str | None:
     if opened is not None:
         return opened
     return None if Sealer.sealed(blob) or not any(c.isspace() for c in blob) else blob
+
+
+def threshold(request: CreateResponse, context_window: int | None) -> int | None:
+    """The tokens (the turn's input and output) past which a turn's conversation is compacted
+    after its answer (design.md 8.10): its `context_management` compaction entry's threshold,
+    else a share of the route's context window; None: no compaction."""
+    for entry in request.context_management or ():
+        if entry.type == "compaction":
+            if entry.compact_threshold is not None:
+                return entry.compact_threshold
+            return int(context_window * DEFAULT_THRESHOLD) if context_window else None
+    return None
+
+
+def since_compaction(items: list[InputItem], sealer: Sealer | None) -> list[InputItem]:
+    """What the model is sent of a conversation with a readable `compaction` item (design.md
+    8.8): from the last one on, and before it only the user, system and developer messages,
+    since its summary stands for the rest. A tool call answered after it stays, moved after
+    it, so that its output follows it as chat templates need."""
+    last = None
+    for index, item in enumerate(items):
+        if isinstance(item, Compaction) and summary_of(item.encrypted_content, sealer) is not None:
+            last = index
+    if last is None:
+        return items
+    answered = {item.call_id for item in items[last:] if isinstance(item, ToolOutput)}
+    before = items[:last]
+    said = [item for item in before if isinstance(item, Message) and item.role != "assistant"]
+    calls = [item for item in before if isinstance(item, FunctionCall | CustomToolCall) and item.call_id in answered]
+    return [*said, items[last], *calls, *items[last + 1 :]]

@@ -110,6 +110,14 @@ def usage_object(usage: Usage | None) -> dict[str, Any]:
     }
 
 
+def usage_sum(usage: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Two calls' `usage` objects as one: a response that also made its summary (design.md 8.10)."""
+    return {
+        key: usage_sum(value, more[key]) if isinstance(value, dict) else value + more[key]
+        for key, value in usage.items()
+    }
+
+
 def error_event(error: ProxyError) -> dict[str, Any]:
     """The fields of the `error` event before `response.failed`, in the SDK's flat shape
     (design.md 4.7): the precise code."""

@@ -67,6 +67,7 @@ class TranslationSettings:
     # The reasoning summary of a request that asks for none (design.md 8.5): clients that show
     # reasoning only from summary events (the AI SDK) then show it.
     reasoning_summary: Literal["auto", "concise", "detailed"] | None = None
+    context_window: int | None = None  # the model's, in tokens, where the route states it
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +86,8 @@ class Call:
     alternatives: int | None = None
     # What the request named that the upstream is not sent: `kind:name` each, for logs and metrics.
     ignored: tuple[str, ...] = ()
+    # A turn whose input and output tokens reach this many is compacted after its answer (8.10).
+    compact_at: int | None = None
 
 
 def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored: bool = False) -> Call:
@@ -108,6 +111,12 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
     effort = _effort(request.reasoning)
     summary = _summary(request, settings)
     functions, tool_choice = _offered(request.tool_choice, table, settings, ignored)
+    compact_at = compaction.threshold(request, settings.context_window)
+    ignored += [
+        f"context_management:{entry.type}"
+        for entry in request.context_management or ()
+        if entry.type != "compaction" or compact_at is None
+    ]
     chat: dict[str, Any] = dict(
         model=settings.model,
         messages=_Conversation(table, settings, ignored).messages(request),
@@ -143,6 +152,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         background=bool(request.background),
         seal=settings.sealer.seal if settings.sealer and INCLUDE_ENCRYPTED_REASONING in include else None,
         ignored=tuple(ignored),
+        compact_at=compact_at,
     )
 
 
@@ -272,8 +282,8 @@ class _Conversation:
     def messages(self, request: CreateResponse) -> list[dict[str, Any]]:
         if request.instructions:
             self._system.append(request.instructions)
-        items = [Message(role="user", content=request.input)] if isinstance(request.input, str) else request.input
-        for item in items:  # item references were resolved with the history (design.md 9.4)
+        # Item references were resolved with the history (design.md 9.4).
+        for item in compaction.since_compaction(request.items(), self._settings.sealer):
             self._item(item)
         self._flush_tool_images()
         if self._system:

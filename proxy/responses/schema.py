@@ -255,6 +255,14 @@ class ReasoningConfig(msgspec.Struct):
             self.summary = self.generate_summary
 
 
+class ContextManagement(msgspec.Struct):
+    """An entry of `context_management`: `compaction` at a token threshold (design.md 8.10);
+    another type is ignored and counted, since it cannot change this turn's tokens."""
+
+    type: str
+    compact_threshold: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
 Unit = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 
@@ -292,9 +300,14 @@ class CreateResponse(msgspec.Struct):
     # Read from the store by the HTTP layer (design.md 9.4, 10.1).
     previous_response_id: str | None = None
     background: bool | None = None
+    context_management: list[ContextManagement] | None = None
     # Accepted so that the refusal below can name them; the proxy cannot honour them.
     prompt: Any = None
     conversation: Any = None
+
+    def items(self) -> list[InputItem]:
+        """The input as items: a string is one user message."""
+        return [Message(role="user", content=self.input)] if isinstance(self.input, str) else self.input
 
 
 KNOWN_FIELDS = frozenset(CreateResponse.__struct_fields__)

@@ -33,7 +33,7 @@ def response_session(request: CreateResponse, header: str | None, chained: str |
     explicit = request.prompt_cache_key or header or chained
     if explicit:
         return _bounded(explicit)
-    items = [Message(role="user", content=request.input)] if isinstance(request.input, str) else request.input
+    items = request.items()
     first_turn = []
     for item in items:
         if not (isinstance(item, Message) and item.role in _LEADING_ROLES):

@@ -35,6 +35,7 @@ from .lifecycle import (
     response_error,
     response_object,
     usage_object,
+    usage_sum,
 )
 from .logprobs import ScoreBuffer
 from .plan import Call
@@ -106,10 +107,17 @@ class ResponseTranslator:
         self._usage: Usage | None = None
         self.response: dict[str, Any] | None = None  # set once a terminal event is built
         self.error: ProxyError | None = None
+        # Answered, its conversation to be compacted before it completes (design.md 8.10).
+        self.compacting = False
 
     @property
     def done(self) -> bool:
-        return self.response is not None
+        """Whether the upstream's part is over: the response ended, or waits for its compaction."""
+        return self.response is not None or self.compacting
+
+    @property
+    def output(self) -> list[dict[str, Any]]:
+        return self._output
 
     @property
     def generating(self) -> bool:
@@ -190,10 +198,11 @@ class ResponseTranslator:
             self._terminate("cancelled")
         return self._flush()
 
-    def complete(self, body: bytes) -> dict[str, Any]:
+    def complete(self, body: bytes) -> dict[str, Any] | None:
         """A whole non-streaming chat completion, read as one chunk whose `message` is the
         delta, then the end of input: the Response, for orjson to encode (its scores are
-        pre-encoded `orjson.Fragment`s). An upstream failure raises."""
+        pre-encoded `orjson.Fragment`s), or None while it waits for its compaction. An upstream
+        failure raises."""
         try:
             self._payload(body)
         except ProxyError as error:
@@ -201,7 +210,6 @@ class ResponseTranslator:
         self._end()
         if self.error is not None:
             raise self.error
-        assert self.response is not None  # _end() always ends the response
         return self.response
 
     # -- chunk handling --------------------------------------------------------------------
@@ -470,8 +478,30 @@ class ResponseTranslator:
         self._close_all(self._generating if incomplete else None, "completed")
         if incomplete:
             self._terminate("incomplete", incomplete_details={"reason": incomplete})
+        elif self._call.compact_at is not None and self._context() >= self._call.compact_at:
+            self.compacting = True
         else:
             self._terminate("completed", completed_at=int(self._clock()))
+
+    def _context(self) -> int:
+        """The tokens of the conversation as it stands after this answer."""
+        usage = self._usage
+        return (usage.prompt_tokens or 0) + (usage.completion_tokens or 0) if usage is not None else 0
+
+    def compacted(self, item: dict[str, Any] | None, usage: dict[str, Any] | None) -> bytes:
+        """End a response that waited for its compaction (design.md 8.10): the `compaction`
+        item added after the answer, and the summary call's `usage` added to the answer's;
+        None for both when the summary failed, so the answer completes as it is."""
+        if not self.compacting:
+            return b""
+        self.compacting = False
+        if item is not None:
+            index = len(self._output)
+            self._output.append(item)
+            self._emit("response.output_item.added", output_index=index, item=item)
+            self._emit("response.output_item.done", output_index=index, item=item)
+        self._terminate("completed", completed_at=int(self._clock()), added=usage)
+        return self._flush()
 
     def _cut_at_token_limit(self) -> bool:
         """Whether the tool call being generated was cut by the token limit, which vLLM reports
@@ -495,10 +525,10 @@ class ResponseTranslator:
         self._emit("error", **error_event(shown))
         self._terminate("failed", error=response_error(shown))
 
-    def _terminate(self, status: str, **fields: Any) -> None:
+    def _terminate(self, status: str, added: dict[str, Any] | None = None, **fields: Any) -> None:
         response = self._snapshot(status)
         response.update(fields)
-        response["usage"] = usage_object(self._usage)
+        response["usage"] = usage_object(self._usage) if added is None else usage_sum(usage_object(self._usage), added)
         self.response = response
         self._emit(TERMINAL_EVENTS[status], response=response)
 

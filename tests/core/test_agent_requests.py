@@ -360,3 +360,23 @@ def test_codex_turn_after_a_tool_call() -> None:
         {"role": "assistant", "reasoning_content": "I will run ls.", "tool_calls": [chat_call("exec_command", "call_1", '{"cmd":"ls"}')]},
         {"role": "tool", "tool_call_id": "call_1", "content": "hello.txt\n"},
     ]
+
+
+# -- compaction items read back (8.8) -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("readable", [True, False], ids=["sealed-here", "another-keys"])
+def test_a_readable_compaction_item_stands_for_what_came_before_it_but_the_users_messages(readable: bool) -> None:
+    summary = "The user asked for the weather; it was sunny."
+    blob = (SEALER if readable else Sealer(derive_key("another key"))).seal(summary)
+    items = [
+        msg("developer", "be brief"),
+        msg("user", "weather?"),
+        CALL_ITEM,
+        {"type": "function_call_output", "call_id": "call_1", "output": "sunny"},
+        msg("assistant", "Sunny."),
+        {"type": "compaction", "encrypted_content": blob},
+        msg("user", "and tomorrow?"),
+    ]
+    roles = [m["role"] for m in sent({"input": items}, sealer=SEALER)["messages"]]
+    assert roles == (["system", "user", "user", "user"] if readable else ["system", "user", "assistant", "tool", "assistant", "user"])
