@@ -18,15 +18,18 @@ from .logprobs import INCLUDE_LOGPROBS, SPEC_MAX_TOP_LOGPROBS, effective_top_log
 from .schema import (
     CHOSEN_BY_NAME,
     INCLUDE_ENCRYPTED_REASONING,
+    AgentMessage,
     Compaction,
     ContentPart,
     CreateResponse,
     CustomToolCall,
     DroppedItem,
+    EncryptedContent,
     FunctionCall,
     HostedTool,
     HostedToolChoice,
     InputImage,
+    InputText,
     Message,
     Reasoning,
     ReasoningConfig,
@@ -319,8 +322,22 @@ class _Conversation:
                 self._ignored.append("input:unreadable_compaction")
             else:
                 self._add({"role": "user", "content": compaction.HEAD + summary})
+        elif isinstance(item, AgentMessage):
+            self._agent_message(item)
         elif isinstance(item, DroppedItem):
             self._ignored.append(f"input:{item.kind}")
+
+    def _agent_message(self, item: AgentMessage) -> None:
+        """Another agent's message, as the user's turn it is to this model, naming its author
+        and recipient; its encrypted parts (OpenAI's) cannot be read, and are dropped and
+        counted."""
+        head = InputText(text=f"[message from {item.author} to {item.recipient}]\n")
+        said = [InputText(text=item.content)] if isinstance(item.content, str) else item.content
+        parts: list[ContentPart] = [part for part in said if not isinstance(part, EncryptedContent)]
+        if len(parts) < len(said):
+            self._ignored.append("input:encrypted_agent_message_content")
+        if parts:
+            self._add({"role": "user", "content": _chat_content([head, *parts])})
 
     def _reasoning_text(self, item: Reasoning) -> str:
         """Reasoning in the clear if the client sent it; else sealed by this proxy (design.md

@@ -37,13 +37,15 @@ NO_CHAT_FORM = frozenset({
     "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
     "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
     "tool_search_call", "tool_search_output",
-    "program", "program_output",
+    "program", "program_output", "ghost_snapshot", "multi_agent_call", "multi_agent_call_output",
 })  # fmt: skip
 # Items that would change the answer (the tools offered, the settings) and that a chat request
 # cannot carry: refused, where dropping them would answer another question (design.md 8.2).
 UNHONOURED_ITEMS = {
     "configuration_update": "send its `text` and `reasoning` settings with the request",
 }
+# Codex's other names of a `compaction` item: older, and its context compaction's.
+_COMPACTION_NAMES = ("compaction_summary", "context_compaction")
 # Tools the model calls and the client runs; every other type is run by OpenAI's servers.
 CLIENT_TOOLS = frozenset({"function", "custom", "namespace"})
 # The tag that stands in for what a request names but the proxy drops (hosted tools, items
@@ -150,6 +152,19 @@ class AdditionalTools(_Tagged, tag="additional_tools"):
     tools: list[Tool] = []
 
 
+class EncryptedContent(_Tagged, tag="encrypted_content"):
+    encrypted_content: str
+
+
+class AgentMessage(_Tagged, tag="agent_message"):
+    """A message between agents (Codex's multi-agent v2): another agent's words to this one,
+    read as a user message naming who wrote it (design.md 8.2)."""
+
+    author: str = ""
+    recipient: str = ""
+    content: str | list[InputText | InputImage | EncryptedContent] = []
+
+
 class ItemReference(_Tagged, tag="item_reference"):
     """An item of a stored response, by id: resolved before planning (design.md 9.4)."""
 
@@ -167,6 +182,7 @@ InputItem = (
     | Compaction
     | CompactionTrigger
     | AdditionalTools
+    | AgentMessage
     | ItemReference
 )
 
@@ -371,8 +387,10 @@ def _prepared(items: list[Any]) -> list[Any]:
                 param=f"input[{index}].type",
                 code="unsupported_parameter",
             )
-        if kind == "compaction_summary":  # Codex's older name of the item
+        if kind in _COMPACTION_NAMES and isinstance(item.get("encrypted_content"), str):
             item = {**item, "type": "compaction"}
+        elif kind == "context_compaction":  # a marker with no summary
+            item = {"type": _DROPPED, "kind": kind}
         if kind == "additional_tools" and isinstance(item.get("tools"), list):
             item = {**item, "tools": [_stand_in(tool, _hosted) for tool in item["tools"]]}
         prepared.append(_stand_in(item, NO_CHAT_FORM.__contains__))

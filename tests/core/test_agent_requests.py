@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-from typing import Any
+import typing
+from typing import Any, Literal
 
 import orjson
 import pytest
+from openai.types.beta.beta_response_input_item_param import BetaResponseInputItemParam
+from openai.types.responses.response_input_item_param import ResponseInputItemParam
 
 from proxy.errors import InvalidRequest
 from proxy.responses.plan import Call, TranslationSettings, plan_call
-from proxy.responses.schema import NO_CHAT_FORM, parse_request, unknown_fields
+from proxy.responses.schema import NO_CHAT_FORM, UNHONOURED_ITEMS, InputItem, parse_request, unknown_fields
 from proxy.responses.sealing import Sealer, derive_key
 from tests.agents import codex_turn, namespace, web_search
 from tests.core.test_request import CALL, CALL_ITEM, IMAGE, WEATHER, msg
@@ -380,3 +383,42 @@ def test_a_readable_compaction_item_stands_for_what_came_before_it_but_the_users
     ]
     roles = [m["role"] for m in sent({"input": items}, sealer=SEALER)["messages"]]
     assert roles == (["system", "user", "user", "user"] if readable else ["system", "user", "assistant", "tool", "assistant", "user"])
+
+
+def test_an_agent_message_is_a_user_message_naming_its_author() -> None:
+    """design.md 8.2: Codex's multi-agent v2 sends another agent's words as `agent_message`;
+    an encrypted part (OpenAI's) cannot be read, and is dropped and counted."""
+    item = {
+        "type": "agent_message",
+        "author": "/root/worker",
+        "recipient": "/root",
+        "content": [{"type": "input_text", "text": "tests pass"}, {"type": "encrypted_content", "encrypted_content": "gAAAA"}],
+    }
+    call = plan({"input": [msg("user", "delegate it"), item]})
+    assert call.chat["messages"][1] == {"role": "user", "content": "[message from /root/worker to /root]\ntests pass"}
+    assert call.ignored == ("input:encrypted_agent_message_content",)
+    image = {"type": "input_image", "image_url": IMAGE}
+    with_image = sent({"input": [{**item, "content": [image]}]})["messages"][0]["content"]
+    assert with_image == [{"type": "text", "text": "[message from /root/worker to /root]\n"}, {"type": "image_url", "image_url": {"url": IMAGE}}]
+
+
+def _item_types(union: Any) -> set[str]:
+    """The `type` values of an SDK union of input item TypedDicts."""
+    found = set()
+    for member in typing.get_args(union):
+        kind = typing.get_type_hints(member)["type"]
+        while typing.get_origin(kind) is not Literal:
+            kind = next(arg for arg in typing.get_args(kind) if arg is not type(None))
+        found.update(typing.get_args(kind))
+    return found
+
+
+@pytest.mark.parametrize(
+    "union",
+    [pytest.param(ResponseInputItemParam, id="responses"), pytest.param(BetaResponseInputItemParam, id="beta")],
+)
+def test_every_input_item_type_of_the_installed_sdk_is_read_dropped_or_refused_by_name(union: Any) -> None:
+    """design.md 8.2: an item type the proxy does not know is a 400, so each the SDK defines is
+    one of the three on purpose; a new SDK release with a new type fails here first."""
+    known = {struct.__struct_config__.tag for struct in typing.get_args(InputItem)}
+    assert _item_types(union) - known - NO_CHAT_FORM - UNHONOURED_ITEMS.keys() == set()
