@@ -21,6 +21,7 @@ _ENV_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 # Chat request keys that the proxy decides for each call (design.md 3.3: the logprob echo must
 # match what was sent), so an upstream's defaults may not set them.
 _PROXY_KEYS = {"model", "messages", "stream", "stream_options", "logprobs", "top_logprobs"}
+_GLOB = re.compile(r"[*?\[]")
 _URL = re.compile(r"^https?://[^/\s]+(/[^\s]*)?$")
 
 
@@ -131,10 +132,26 @@ class Upstream(_Section, frozen=True):
         )
 
 
+Effort = Literal["none", "minimal", "low", "medium", "high", "xhigh"]
+
+
+class CodexModel(_Section, frozen=True):
+    """What Codex reads of a model from the provider (`GET /v1/models?client_version=...`,
+    design.md 8.11): its context window (the upstream's), so that it compacts before the
+    upstream refuses, and the rest of its model card."""
+
+    # Codex 0.171 requires them, and sends them instead of its own prompt: the operator's words,
+    # never made up here.
+    base_instructions: Annotated[str, msgspec.Meta(min_length=1)]
+    reasoning_levels: tuple[Effort, ...] = ("low", "medium", "high")
+    default_reasoning_level: Effort | None = None
+
+
 class Route(_Section, frozen=True):
     model: Annotated[str, msgspec.Meta(min_length=1)]  # exact name or glob (`qwen-*`, `*`)
     upstream: str
     rewrite_model: str | None = None
+    codex: CodexModel | None = None  # an exact name's card for Codex
 
 
 class Auth(_Section, frozen=True):
@@ -347,3 +364,5 @@ def _check(config: Config) -> None:
     for i, route in enumerate(config.routes):
         if route.upstream not in names:
             raise ConfigError(f"routes[{i}].upstream: no upstream named {route.upstream!r} (have {', '.join(names)})")
+        if route.codex is not None and _GLOB.search(route.model):
+            raise ConfigError(f"routes[{i}].codex: a model card names one model, not the pattern {route.model!r}")

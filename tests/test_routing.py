@@ -99,6 +99,8 @@ UP = {"name": "a", "urls": ["http://127.0.0.1:1"]}
         ({"upstreams": [UP], "max_body_bytes": 10}, "max_body_bytes: "),
         ({"upstreams": [UP], "listen": {"port": 70000}}, "listen.port: "),
         ({"upstreams": [{**UP, "defaults": {"top_logprobs": 5, "logprobs": True}}]}, "upstreams[0].defaults: logprobs, top_logprobs set by the proxy"),
+        ({"upstreams": [UP], "routes": [{"model": "q-*", "upstream": "a", "codex": {"base_instructions": "x"}}]}, "routes[0].codex: a model card names one model"),
+        ({"upstreams": [UP], "routes": [{"model": "q", "upstream": "a", "codex": {}}]}, "routes[0].codex: "),
     ],
 )
 def test_config_errors_name_the_key(data: dict, where: str) -> None:
@@ -222,6 +224,27 @@ async def test_models_lists_what_the_routes_serve(upstream, other, start_proxy, 
     assert listed["object"] == "list"
     assert [(m["id"], m["owned_by"]) for m in listed["data"]] == [(r["model"], r["upstream"]) for r in ROUTES]
     assert upstream.requests == other.requests == []
+
+
+async def test_codex_reads_the_model_cards_of_the_routes_that_have_one(upstream, start_proxy, http) -> None:
+    """design.md 8.11: Codex asks with its `client_version` and reads `{"models": [...]}`; the
+    card's context window is the upstream's."""
+    config = {
+        "upstreams": [{"name": "qwen", "urls": [upstream.url], "context_window": 32768}],
+        "routes": [
+            {"model": "qwen3-coder", "upstream": "qwen", "codex": {"base_instructions": "You are a coding agent.", "default_reasoning_level": "medium"}},
+            {"model": "*", "upstream": "qwen"},
+        ],
+    }
+    url = await start_proxy(parse(config))
+    async with http.get(f"{url}/v1/models", params={"client_version": "0.171.0"}) as response:
+        assert response.status == 200
+        (card,) = (await response.json())["models"]
+    assert (card["slug"], card["context_window"], card["base_instructions"]) == ("qwen3-coder", 32768, "You are a coding agent.")
+    assert [level["effort"] for level in card["supported_reasoning_levels"]] == ["low", "medium", "high"]
+    assert card["default_reasoning_level"] == "medium"
+    async with http.get(f"{url}/v1/models") as response:  # the OpenAI list, for every other client
+        assert [m["id"] for m in (await response.json())["data"]] == ["qwen3-coder", "*"]
 
 
 async def test_models_without_routes_is_the_upstreams_list(upstream, start_proxy, http) -> None:

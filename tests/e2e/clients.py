@@ -70,16 +70,26 @@ class Codex:
     homes: Path  # where each run's fresh CODEX_HOME is made
 
     async def exec(
-        self, base_url: str, prompt: str, workdir: Path, *, model: str = "qwen3", flags: tuple[str, ...] = (), name: str = "local"
+        self,
+        base_url: str,
+        prompt: str,
+        workdir: Path,
+        *,
+        model: str = "qwen3",
+        flags: tuple[str, ...] = (),
+        name: str = "local",
+        command_auth: bool = False,
     ) -> CodexRun:
         """`codex exec` with only a custom provider configured (`name`: the provider's, which
-        Codex reads: "OpenAI" turns its remote compaction on); the other flags are quiet ones:
-        no retries (a failure shows at once), no plugin sync, apps or analytics (no
+        Codex reads: "OpenAI" turns its remote compaction on; `command_auth`: its key from a
+        command, which makes Codex read the provider's model cards); the other flags are quiet
+        ones: no retries (a failure shows at once), no plugin sync, apps or analytics (no
         connection but the proxy; the request bodies are the same without them)."""
         self.homes.mkdir(parents=True, exist_ok=True)
         home = Path(tempfile.mkdtemp(dir=self.homes))
+        key = {"auth": '{command="echo",args=["e2e"]}'} if command_auth else {"env_key": "E2E_CODEX_KEY"}
         provider = {
-            "name": name, "base_url": f"{base_url}/v1", "wire_api": "responses", "env_key": "E2E_CODEX_KEY",
+            "name": name, "base_url": f"{base_url}/v1", "wire_api": "responses", **key,
             "request_max_retries": "0", "stream_max_retries": "0",
         }
         config = [arg for key, value in provider.items() for arg in ("-c", f"model_providers.local.{key}={value}")]

@@ -8,8 +8,9 @@ from typing import Any
 
 import aiohttp
 
+from proxy.config import parse
 from proxy.responses.compaction import HEAD, PROMPT
-from tests.e2e.clients import Codex
+from tests.e2e.clients import Codex, CodexRun
 from tests.e2e.model import answers, calls, chat_tools, script, tool_round
 from tests.fake_upstream import FakeUpstream, Generation, Reply
 
@@ -87,31 +88,58 @@ async def test_custom_tool_call(codex: Codex, upstream: FakeUpstream, proxy: str
     assert "Success. Updated the following files:\nA hello.txt" in result["content"], result
 
 
-async def test_a_provider_named_openai_compacts_through_the_proxy(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
-    """design.md 8.8: Codex compacts remotely when its provider is named OpenAI, and has no
-    fallback. A first answer that reports a prompt past the auto-compact limit makes it compact
-    (its compaction_trigger turn, or /v1/responses/compact); it then goes on from the summary."""
-    summary = "The user asked for the marker; echo printed it."
+SUMMARY = "The user asked for the marker; echo printed it."
+
+
+def compacting(upstream: FakeUpstream) -> None:
+    """A first answer whose prompt is 9000 tokens long, a summary when asked for one, then the
+    end once the summary is in the conversation."""
     first = Generation(calls("exec_command", {"cmd": "echo e2e-marker"}, "call_echo"), prompt_tokens=9000)
 
     def choose(body: dict[str, Any]) -> Reply:
         said = [m.get("content") for m in body["messages"]]
         if said[-1] == PROMPT:
-            return Reply(Generation(answers(summary)))
+            return Reply(Generation(answers(SUMMARY)))
         if any(isinstance(text, str) and text.startswith(HEAD) for text in said):
             return Reply(Generation(answers(DONE)))
         return Reply(first)
 
     upstream.choose = choose
-    flags = ("-c", "model_context_window=16000", "-c", "model_auto_compact_token_limit=4000")
-    run = await codex.exec(proxy, "Print the marker.", tmp_path, flags=flags, name="OpenAI")
 
+
+def compacted(run: CodexRun, upstream: FakeUpstream) -> None:
     assert run.rc == 0, run.transcript
     asked = [r["messages"][-1].get("content") for r in upstream.requests]
     assert PROMPT in asked, asked  # Codex compacted through the proxy
     assert run.answer == DONE, run.transcript
     after = upstream.requests[-1]["messages"]
-    assert {"role": "user", "content": HEAD + summary} in after, after
+    assert {"role": "user", "content": HEAD + SUMMARY} in after, after
+
+
+async def test_a_provider_named_openai_compacts_through_the_proxy(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
+    """design.md 8.8: Codex compacts remotely when its provider is named OpenAI, and has no
+    fallback. A first answer that reports a prompt past the auto-compact limit makes it compact
+    (its compaction_trigger turn, or /v1/responses/compact); it then goes on from the summary."""
+    compacting(upstream)
+    flags = ("-c", "model_context_window=16000", "-c", "model_auto_compact_token_limit=4000")
+    compacted(await codex.exec(proxy, "Print the marker.", tmp_path, flags=flags, name="OpenAI"), upstream)
+
+
+async def test_codex_reads_the_context_window_from_the_model_card(codex: Codex, upstream: FakeUpstream, start_proxy, tmp_path: Path) -> None:
+    """design.md 8.11: with a model card (its key from a command, so that Codex asks for one),
+    Codex takes the card's instructions and context window: the 9000-token prompt is past 90%
+    of its 4400, and Codex compacts with no context flag of its own (its default is 272k)."""
+    instructions = "You are an e2e coding agent; be brief."
+    config = {
+        "upstreams": [{"name": "u", "urls": [upstream.url], "context_window": 4400}],
+        "routes": [{"model": "qwen3", "upstream": "u", "codex": {"base_instructions": instructions}}],
+    }
+    url = await start_proxy(parse(config))
+    compacting(upstream)
+    run = await codex.exec(url, "Print the marker.", tmp_path, command_auth=True, name="OpenAI")
+    compacted(run, upstream)
+    assert not [e for e in run.events if e.get("item", {}).get("type") == "error"], run.transcript  # no fallback metadata
+    assert upstream.requests[0]["messages"][0]["content"].startswith(instructions), upstream.requests[0]["messages"][0]
 
 
 async def test_a_turn_over_the_websocket_transport(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
