@@ -267,3 +267,15 @@ async def _stored(http: aiohttp.ClientSession, proxy: str, id: str) -> dict[str,
     async with http.get(f"{proxy}/v1/responses/{id}") as response:
         assert response.status == 200
         return dict(await response.json())
+
+
+async def test_a_chain_alone_compacts_with_no_input(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """openai-agents' compaction session in its `previous_response_id` mode sends no `input`:
+    the conversation is the chain's; with neither, `input` is missing (a 400 naming it)."""
+    upstream.script(Reply(HI), Reply(SUMMARISED))
+    first = await _turn(http, proxy, {"model": "m", "input": "first question"})
+    async with http.post(f"{proxy}/v1/responses/compact", json={"model": "m", "previous_response_id": first["id"]}) as answer:
+        assert answer.status == 200, await answer.text()
+    assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["first question", "Hi", PROMPT]
+    async with http.post(f"{proxy}/v1/responses", json={"model": "m"}) as refused:
+        assert refused.status == 400 and (await refused.json())["error"]["param"] == "input"

@@ -85,7 +85,7 @@ async def read_history(
 def stored_form(request: web.Request, data: dict[str, Any], past: History, session: Session | None) -> AsStored:
     """How a request's response is kept: its input items encoded once, so that every copy of
     a response kept while it runs (design.md 10.2) names them by the same ids."""
-    input_items = msgspec.Raw(orjson.dumps(history.stored_input(data["input"], past.referenced, new_id)))
+    input_items = msgspec.Raw(orjson.dumps(history.stored_input(data.get("input"), past.referenced, new_id)))
     owner = request[OWNER]
 
     def as_stored(response: dict[str, Any]) -> StoredResponse:

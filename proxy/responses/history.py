@@ -27,11 +27,7 @@ _ID_PREFIXES = {
 
 def references(request: CreateResponse) -> list[str]:
     """The ids of the stored items the request's input refers to."""
-    return (
-        [item.id for item in request.input if isinstance(item, ItemReference)]
-        if isinstance(request.input, list)
-        else []
-    )
+    return [item.id for item in request.items() if isinstance(item, ItemReference)]
 
 
 def expand(
@@ -39,21 +35,17 @@ def expand(
 ) -> CreateResponse:
     """The request with the chain's items before its own input and its references replaced
     by the items they name; a reference the store did not have is a 400 naming it."""
-    own = request.input
-    if isinstance(own, str):
-        own_items: list[Any] = parse_items([{"role": "user", "content": own}])
-    else:
-        own_items = []
-        for index, item in enumerate(own):
-            if isinstance(item, ItemReference):
-                found = referenced.get(item.id)
-                if found is None:
-                    raise InvalidRequest(
-                        f"No stored item with id '{item.id}' (item_reference).", param=f"input[{index}].id"
-                    )
-                own_items += parse_items([found])
-            else:
-                own_items.append(item)
+    own_items: list[Any] = []
+    for index, item in enumerate(request.items()):
+        if isinstance(item, ItemReference):
+            found = referenced.get(item.id)
+            if found is None:
+                raise InvalidRequest(
+                    f"No stored item with id '{item.id}' (item_reference).", param=f"input[{index}].id"
+                )
+            own_items += parse_items([found])
+        else:
+            own_items.append(item)
     return msgspec.structs.replace(request, input=[*parse_items(history), *own_items])
 
 
@@ -80,7 +72,7 @@ def stored_input(data_input: Any, referenced: dict[str, dict[str, Any]], new_id:
     if isinstance(data_input, str):
         data_input = [{"role": "user", "content": data_input}]
     kept = []
-    for item in data_input:
+    for item in data_input or ():
         item = dict(typed_item(item))
         if item["type"] == "item_reference":
             kept.append(referenced[item["id"]])

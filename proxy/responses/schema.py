@@ -285,7 +285,10 @@ Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 
 class CreateResponse(msgspec.Struct):
     model: Annotated[str, msgspec.Meta(min_length=1)]
-    input: Annotated[str, msgspec.Meta(min_length=1)] | Annotated[list[InputItem], msgspec.Meta(min_length=1)]
+    # Left out, the conversation is the chain alone (`previous_response_id`).
+    input: (
+        Annotated[str, msgspec.Meta(min_length=1)] | Annotated[list[InputItem], msgspec.Meta(min_length=1)] | None
+    ) = None
     instructions: str | None = None
     include: list[INCLUDABLE] | None = None
     top_logprobs: Annotated[int, msgspec.Meta(ge=0)] | None = None
@@ -323,7 +326,9 @@ class CreateResponse(msgspec.Struct):
 
     def items(self) -> list[InputItem]:
         """The input as items: a string is one user message."""
-        return [Message(role="user", content=self.input)] if isinstance(self.input, str) else self.input
+        if isinstance(self.input, str):
+            return [Message(role="user", content=self.input)]
+        return self.input or []
 
 
 KNOWN_FIELDS = frozenset(CreateResponse.__struct_fields__)
@@ -437,6 +442,8 @@ def _validation_error(text: str) -> InvalidRequest:
 
 
 def _refuse_unsupported(request: CreateResponse) -> None:
+    if request.input is None and request.previous_response_id is None:
+        raise InvalidRequest("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
     for param, value in (
         ("prompt", request.prompt),
         ("conversation", request.conversation),

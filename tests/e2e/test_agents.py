@@ -1,5 +1,5 @@
-"""openai-agents (Python, in this process): `Runner.run_streamed` with a function tool, through
-the proxy."""
+"""openai-agents (Python, in this process): `Runner.run_streamed` with a function tool, its
+WebSocket transport and its compaction, through the proxy."""
 
 from __future__ import annotations
 
@@ -7,10 +7,21 @@ import json
 
 import aiohttp
 import openai
-from agents import Agent, OpenAIResponsesModel, OpenAIResponsesWSModel, Runner, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIResponsesCompactionSession,
+    OpenAIResponsesModel,
+    OpenAIResponsesWSModel,
+    Runner,
+    SQLiteSession,
+    function_tool,
+    set_tracing_disabled,
+)
 
+from proxy.responses.compaction import HEAD, PROMPT
 from tests.e2e.model import answers, calls, script, tool_round
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, Generation, Reply
 
 THOUGHT = "Paris: the weather tool knows."
 ANSWER = "It is 21C in Paris."
@@ -98,3 +109,56 @@ async def test_a_tool_round_over_the_websocket_transport(upstream: FakeUpstream,
     # connection's end cancels the handler before it returns).
     served = [line for line in text.splitlines() if line.startswith('proxy_requests_total{endpoint="/v1/responses"')]
     assert len(served) == 1 and served[0].endswith(" 1.0") and len(upstream.requests) == 2, text
+
+
+async def test_the_compaction_session_compacts_through_the_proxy(upstream: FakeUpstream, proxy: str, tmp_path) -> None:
+    """design.md 8.8: `OpenAIResponsesCompactionSession` (model names as OpenAI's: gpt-oss on
+    a chat server) calls /v1/responses/compact after a turn and keeps its output as the
+    session's history; the next turn starts from the summary."""
+    summary = "The user asked for the weather in Paris; it is 21C."
+
+    def choose(body: dict) -> Reply:
+        said = body["messages"]
+        if said[-1]["content"] == PROMPT:
+            return Reply(Generation(answers(summary)))
+        answered = any(message["role"] == "tool" for message in said)
+        return Reply(Generation(answers(ANSWER) if answered else calls("weather", {"city": "Paris"}, "call_w")))
+
+    upstream.choose = choose
+    set_tracing_disabled(True)
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
+        agent = weather_agent(OpenAIResponsesModel(model="gpt-oss-20b", openai_client=client))
+        session = OpenAIResponsesCompactionSession(
+            "e2e", SQLiteSession("e2e", str(tmp_path / "session.db")), client=client, model="gpt-oss-20b", should_trigger_compaction=lambda _: True
+        )
+        first = await Runner.run(agent, "What is the weather in Paris?", session=session)
+        kept = await session.get_items()
+        then = await Runner.run(agent, "And tomorrow?", session=session)
+
+    assert first.final_output == ANSWER and then.final_output == ANSWER
+    assert [item.get("type") for item in kept][-1] == "compaction", kept
+    assert any(r["messages"][-1]["content"] == PROMPT for r in upstream.requests)
+    last = [m for r in upstream.requests if r["messages"][-1]["content"] == "And tomorrow?" for m in r["messages"]]
+    assert {"role": "user", "content": HEAD + summary} in last, last
+
+
+async def test_context_management_in_the_model_settings(upstream: FakeUpstream, proxy: str) -> None:
+    """design.md 8.10: openai-agents' `context_management` setting; the turn past its threshold
+    ends with a compaction item, which the SDK's next step sends back."""
+    script(upstream, calls("weather", {"city": "Paris"}, "call_w"), answers(ANSWER))
+    upstream_choose = upstream.choose
+
+    def choose(body: dict) -> Reply:
+        return Reply(Generation(answers("A summary."))) if body["messages"][-1]["content"] == PROMPT else upstream_choose(body)
+
+    upstream.choose = choose
+    set_tracing_disabled(True)
+    settings = ModelSettings(context_management=[{"type": "compaction", "compact_threshold": 5}])
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
+        agent = weather_agent(OpenAIResponsesModel(model="qwen3", openai_client=client)).clone(model_settings=settings)
+        result = await Runner.run(agent, "What is the weather in Paris?")
+
+    assert result.final_output == ANSWER
+    assert [item.type for item in result.raw_responses[0].output] == ["function_call", "compaction"]
+    second = next(r for r in upstream.requests if any(m["role"] == "tool" for m in r["messages"]))
+    assert {"role": "user", "content": HEAD + "A summary."} in second["messages"], second

@@ -1,5 +1,5 @@
-"""The Vercel AI SDK (`ai` 6 + `@ai-sdk/openai` 3): its default multi-step tool loop, with
-streamText and generateText, through the proxy."""
+"""The Vercel AI SDK (`ai` 7 + `@ai-sdk/openai` 4): its default multi-step tool loop, with
+streamText and generateText, and its server-side compaction, through the proxy."""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from typing import Any
 
 import pytest
 
+from proxy.responses.compaction import HEAD, PROMPT
 from tests.e2e.clients import ai_sdk
 from tests.e2e.model import answers, calls, script, tool_round
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, Generation, Reply
 
 THOUGHT = "The user wants the weather in Paris."
 PREAMBLE = "Let me check."
@@ -61,3 +62,29 @@ async def test_multi_step_tool_loop(node: Path, upstream: FakeUpstream, proxy: s
         # Replayed by reference, or with store false as the proxy's sealed blob (asked for
         # by the SDK for reasoning models); a non-reasoning model's reasoning the SDK drops.
         assert assistant.get("reasoning_content") == THOUGHT, assistant
+
+
+@pytest.mark.parametrize("options", [pytest.param({}, id="defaults"), pytest.param({"store": False}, id="store-false")])
+async def test_server_side_compaction_in_the_tool_loop(node: Path, upstream: FakeUpstream, proxy: str, options: dict[str, Any]) -> None:
+    """design.md 8.10: `contextManagement` with a threshold the first step passes: that step
+    ends with a compaction item, which the SDK sends back (by reference, or whole), and the
+    second step starts from the summary, the tool call it answers moved after it."""
+    summary = "The user asked for the weather in Paris; get_weather was called."
+
+    def choose(body: dict[str, Any]) -> Reply:
+        said = body["messages"]
+        if said[-1]["content"] == PROMPT:
+            return Reply(Generation(answers(summary)))
+        answered = any(message["role"] == "tool" for message in said)
+        return Reply(Generation(answers(ANSWER) if answered else calls("get_weather", {"city": "Paris"}, "call_w")))
+
+    upstream.choose = choose
+    management = {"contextManagement": [{"type": "compaction", "compactThreshold": 5}]}
+    report = await ai_sdk(node, proxy, "stream", {**management, **options})
+    shown = json.dumps(report, indent=1)
+
+    assert not report["errors"] and report["text"] == ANSWER, shown
+    assert report["steps"][0]["content"] == ["tool-call", "custom", "tool-result"], shown  # custom: openai.compaction
+    second = next(r for r in upstream.requests if any(m["role"] == "tool" for m in r["messages"]))
+    assert [m["role"] for m in second["messages"]] == ["user", "user", "assistant", "tool"], second
+    assert second["messages"][1]["content"] == HEAD + summary

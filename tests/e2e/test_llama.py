@@ -20,6 +20,7 @@ from proxy.config import parse
 from tests.client import CONTEXT_LENGTH_EXCEEDED, envelope, parse_sse
 from tests.e2e.llama import TemplateKind, running
 from tests.events import Stream, as_response_logprob, check_stream
+from tests.test_websocket import one_turn
 
 IM_END = "<|im_end|>"
 TOOL_END = "</tool_call>"
@@ -223,3 +224,24 @@ async def test_streams_and_plain_calls_in_turn_on_pooled_connections(start_proxy
                 await response.read()
                 statuses.append(response.status)
         assert set(statuses) == {200}
+
+
+async def test_the_websocket_transport_and_compaction(start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 8.9, 8.10 with a real server: a turn over the WebSocket is the stream's tokens
+    and scores; a turn past its compaction threshold ends with the model's summary, sealed,
+    and the next turn that sends it back is answered."""
+    async with behind_the_proxy(start_proxy, "tools", IM_END) as (proxy, _):
+        body = {"input": "Say hi to the tests.", **LOGPROBS}
+        stream = await streamed(http, proxy, body)
+        async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+            events = await one_turn(socket, {"type": "response.create", "model": "m", "temperature": 0, **body})
+        over_the_socket = check_stream(events)
+        assert (over_the_socket.text, over_the_socket.logprobs) == (stream.text, stream.logprobs)
+
+        compacting = {"input": "Say hi to the tests.", "context_management": [{"type": "compaction", "compact_threshold": 1}]}
+        response = await plain(http, proxy, compacting)
+        answer, item = response["output"]
+        assert (answer["type"], item["type"], response["status"]) == ("message", "compaction", "completed")
+        assert response["usage"]["output_tokens"] > len(stream.logprobs)  # the answer's and the summary's
+        after = await plain(http, proxy, {"input": [item, {"role": "user", "content": "Say bye."}]})
+        assert text_of(after) != ""

@@ -29,7 +29,7 @@ globalThis.AI_SDK_LOG_WARNINGS = ({ warnings }) => report.warnings.push(...warni
 const error = (where, e) => report.errors.push({ where, name: e?.name, message: String(e?.message ?? e) });
 const step = (s) => ({
   text: s.text,
-  reasoningText: s.reasoningText,
+  reasoningText: s.reasoningText ?? '',  // AI SDK 7 leaves it undefined without reasoning
   toolCalls: s.toolCalls.map((c) => ({ toolName: c.toolName, toolCallId: c.toolCallId, input: c.input })),
   toolResults: s.toolResults.map((r) => ({ toolName: r.toolName, toolCallId: r.toolCallId, output: r.output })),
   content: s.content.map((c) => c.type),
