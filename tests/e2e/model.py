@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from proxy.responses.compaction import PROMPT
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 
 
@@ -28,11 +29,13 @@ def answers(text: str) -> list[Step]:
     return [Step("text", text), Step("finish", finish_reason="stop")]
 
 
-def script(upstream: FakeUpstream, first: list[Step], then: list[Step]) -> None:
+def script(upstream: FakeUpstream, first: list[Step], then: list[Step], summary: str = "") -> None:
     """`first` until a request carries a tool result, `then` after: picked from the request,
-    so that a client's retry gets the same reply."""
+    so that a client's retry gets the same reply; `summary` to a compaction's summary call."""
 
     def choose(body: dict[str, Any]) -> Reply:
+        if body["messages"][-1].get("content") == PROMPT:
+            return Reply(Generation(answers(summary)))
         answered = any(message["role"] == "tool" for message in body["messages"])
         return Reply(Generation(then if answered else first))
 

@@ -21,7 +21,7 @@ from agents import (
 
 from proxy.responses.compaction import HEAD, PROMPT
 from tests.e2e.model import answers, calls, script, tool_round
-from tests.fake_upstream import FakeUpstream, Generation, Reply
+from tests.fake_upstream import FakeUpstream
 
 THOUGHT = "Paris: the weather tool knows."
 ANSWER = "It is 21C in Paris."
@@ -116,15 +116,7 @@ async def test_the_compaction_session_compacts_through_the_proxy(upstream: FakeU
     a chat server) calls /v1/responses/compact after a turn and keeps its output as the
     session's history; the next turn starts from the summary."""
     summary = "The user asked for the weather in Paris; it is 21C."
-
-    def choose(body: dict) -> Reply:
-        said = body["messages"]
-        if said[-1]["content"] == PROMPT:
-            return Reply(Generation(answers(summary)))
-        answered = any(message["role"] == "tool" for message in said)
-        return Reply(Generation(answers(ANSWER) if answered else calls("weather", {"city": "Paris"}, "call_w")))
-
-    upstream.choose = choose
+    script(upstream, calls("weather", {"city": "Paris"}, "call_w"), answers(ANSWER), summary)
     set_tracing_disabled(True)
     async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
         agent = weather_agent(OpenAIResponsesModel(model="gpt-oss-20b", openai_client=client))
@@ -145,13 +137,7 @@ async def test_the_compaction_session_compacts_through_the_proxy(upstream: FakeU
 async def test_context_management_in_the_model_settings(upstream: FakeUpstream, proxy: str) -> None:
     """design.md 8.10: openai-agents' `context_management` setting; the turn past its threshold
     ends with a compaction item, which the SDK's next step sends back."""
-    script(upstream, calls("weather", {"city": "Paris"}, "call_w"), answers(ANSWER))
-    upstream_choose = upstream.choose
-
-    def choose(body: dict) -> Reply:
-        return Reply(Generation(answers("A summary."))) if body["messages"][-1]["content"] == PROMPT else upstream_choose(body)
-
-    upstream.choose = choose
+    script(upstream, calls("weather", {"city": "Paris"}, "call_w"), answers(ANSWER), "A summary.")
     set_tracing_disabled(True)
     settings = ModelSettings(context_management=[{"type": "compaction", "compact_threshold": 5}])
     async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from proxy.responses.compaction import HEAD, PROMPT
+from proxy.responses.compaction import HEAD
 from tests.e2e.clients import ai_sdk
 from tests.e2e.model import answers, calls, script, tool_round
-from tests.fake_upstream import FakeUpstream, Generation, Reply
+from tests.fake_upstream import FakeUpstream
 
 THOUGHT = "The user wants the weather in Paris."
 PREAMBLE = "Let me check."
@@ -70,15 +70,7 @@ async def test_server_side_compaction_in_the_tool_loop(node: Path, upstream: Fak
     ends with a compaction item, which the SDK sends back (by reference, or whole), and the
     second step starts from the summary, the tool call it answers moved after it."""
     summary = "The user asked for the weather in Paris; get_weather was called."
-
-    def choose(body: dict[str, Any]) -> Reply:
-        said = body["messages"]
-        if said[-1]["content"] == PROMPT:
-            return Reply(Generation(answers(summary)))
-        answered = any(message["role"] == "tool" for message in said)
-        return Reply(Generation(answers(ANSWER) if answered else calls("get_weather", {"city": "Paris"}, "call_w")))
-
-    upstream.choose = choose
+    script(upstream, calls("get_weather", {"city": "Paris"}, "call_w"), answers(ANSWER), summary)
     management = {"contextManagement": [{"type": "compaction", "compactThreshold": 5}]}
     report = await ai_sdk(node, proxy, "stream", {**management, **options})
     shown = json.dumps(report, indent=1)
