@@ -11,12 +11,13 @@ import multiprocessing.connection
 import os
 import signal
 import sys
+import tempfile
 from types import FrameType
 
 from aiohttp import web
 
 from . import config as config_module
-from . import logs
+from . import logs, metrics
 from .appkeys import RUNTIME
 from .config import Config, ConfigError
 from .server import create_app, serve, shut_down
@@ -132,6 +133,13 @@ def _run_workers(args: argparse.Namespace, config: Config) -> int:
     """N processes on one port (SO_REUSEPORT); signals are passed on to every one. A worker
     that dies on its own takes the others down, so the orchestrator restarts a whole proxy
     rather than keep one running on fewer cores than it was given."""
+    with tempfile.TemporaryDirectory(prefix="responses-proxy-metrics-") as shared:
+        # Each worker's metrics go into files here, and any worker's /metrics adds them up.
+        os.environ[metrics.SHARED] = shared
+        return _supervise(args)
+
+
+def _supervise(args: argparse.Namespace) -> int:
     context = multiprocessing.get_context("spawn")
     workers = [context.Process(target=_worker, args=(args,), name=f"worker-{i}") for i in range(args.workers)]
     for worker in workers:

@@ -1,10 +1,17 @@
-"""Prometheus metrics, one registry per app (tests run several apps in one process)."""
+"""Prometheus metrics, one registry per app (tests run several apps in one process); with
+`--workers N`, the sum over every worker process (prometheus_client's multiprocess mode: each
+process writes its values to a file in a folder they share, and a scrape adds them up)."""
 
 from __future__ import annotations
 
+import os
 from typing import Any, Generic, TypeVar
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest, multiprocess
+
+# The folder worker processes share their values in; set by the parent before it starts them,
+# since prometheus_client reads it when it is first imported.
+SHARED = "PROMETHEUS_MULTIPROC_DIR"
 
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Distinct `what` labels of the ignored counter, and their length: clients choose unknown
@@ -62,7 +69,12 @@ class Metrics:
                 registry=self.registry,
             )
         )
-        self.streams = Gauge("proxy_streams_in_flight", "Streaming responses being written.", registry=self.registry)
+        self.streams = Gauge(
+            "proxy_streams_in_flight",
+            "Streaming responses being written.",
+            registry=self.registry,
+            multiprocess_mode="livesum",  # the live workers' streams together
+        )
         self.output_tokens = Labelled(
             Counter("proxy_output_tokens", "Tokens generated, from upstream usage.", ["route"], registry=self.registry)
         )
@@ -129,4 +141,9 @@ class Metrics:
         self.affinity.labels(upstream, outcome).inc()
 
     def render(self) -> bytes:
-        return generate_latest(self.registry)
+        shared = os.environ.get(SHARED)
+        if not shared:
+            return generate_latest(self.registry)
+        every_worker = CollectorRegistry()
+        multiprocess.MultiProcessCollector(every_worker, path=shared)  # type: ignore[no-untyped-call]
+        return generate_latest(every_worker)

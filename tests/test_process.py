@@ -19,7 +19,7 @@ import yaml
 
 from tests.client import envelope, eventually, output_text, parse_sse
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
-from tests.harness import free_port
+from tests.harness import free_port, sample, scrape
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_M = (sys.executable, "-m", "proxy")
@@ -287,6 +287,22 @@ async def test_two_workers_share_the_port_and_exit_0_on_sigterm(upstream, spawn,
     assert await asyncio.wait_for(proxy.proc.wait(), 15) == 0
     assert not any(Path(f"/proc/{pid}").exists() for pid in pids)
     assert proxy.stderr().count("draining") == 2
+
+
+async def test_metrics_add_up_over_the_workers(upstream, spawn) -> None:
+    """Every scrape, whichever worker answers it, shows the calls of all of them: 20 new
+    connections spread over two workers (each taking all 20 is a chance of one in 500 000)."""
+    upstream.script(Reply(GEN))
+    proxy = await spawn(routes(upstream, "m"), "--workers", "2")
+    await eventually(lambda: len(worker_pids(proxy)) == 2, START_TIMEOUT)
+    for _ in range(20):
+        assert await chat_status(proxy.url, "m") == 200
+    for _ in range(6):
+        async with fresh() as http:
+            metrics = await scrape(http, proxy.url)
+        served = sample(metrics, "proxy_requests_total", route="m", endpoint="/v1/chat/completions", status="200")
+        assert served == 20
+        assert sample(metrics, "proxy_streams_in_flight") == 0
 
 
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
