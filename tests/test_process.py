@@ -263,6 +263,12 @@ def worker_pids(proxy: Proxy) -> list[int]:
     return pids
 
 
+def each_worker_listens(proxy: Proxy) -> bool:
+    port = int(proxy.url.rsplit(":", 1)[1])
+    listening, workers = listening_sockets(port), worker_pids(proxy)
+    return len(workers) == 2 and len(listening) == 2 and all(sockets_of(pid) & listening for pid in workers)
+
+
 @pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 @pytest.mark.parametrize("command", [PYTHON_M, (str(CONSOLE_SCRIPT),)], ids=["python-m-proxy", "responses-proxy"])
 async def test_two_workers_share_the_port_and_exit_0_on_sigterm(upstream, spawn, command: tuple[str, ...]) -> None:
@@ -270,17 +276,8 @@ async def test_two_workers_share_the_port_and_exit_0_on_sigterm(upstream, spawn,
         pytest.skip(f"{command[0]} is not installed")
     upstream.script(Reply(GEN))
     proxy = await spawn(routes(upstream, "m"), "--workers", "2", command=command)
-    port = int(proxy.url.rsplit(":", 1)[1])
-
-    def workers() -> list[int]:
-        return worker_pids(proxy)
-
-    def each_worker_listens() -> bool:
-        listening = listening_sockets(port)
-        return len(workers()) == 2 and len(listening) == 2 and all(sockets_of(pid) & listening for pid in workers())
-
-    await eventually(each_worker_listens, START_TIMEOUT)
-    pids = workers()
+    await eventually(lambda: each_worker_listens(proxy), START_TIMEOUT)
+    pids = worker_pids(proxy)
     for _ in range(4):
         assert await chat_status(proxy.url, "m") == 200
     proxy.proc.send_signal(signal.SIGTERM)
@@ -289,12 +286,13 @@ async def test_two_workers_share_the_port_and_exit_0_on_sigterm(upstream, spawn,
     assert proxy.stderr().count("draining") == 2
 
 
+@pytest.mark.skipif(not Path("/proc/net/tcp").exists(), reason="needs Linux /proc")
 async def test_metrics_add_up_over_the_workers(upstream, spawn) -> None:
     """Every scrape, whichever worker answers it, shows the calls of all of them: 20 new
     connections spread over two workers (each taking all 20 is a chance of one in 500 000)."""
     upstream.script(Reply(GEN))
     proxy = await spawn(routes(upstream, "m"), "--workers", "2")
-    await eventually(lambda: len(worker_pids(proxy)) == 2, START_TIMEOUT)
+    await eventually(lambda: each_worker_listens(proxy), START_TIMEOUT)
     for _ in range(20):
         assert await chat_status(proxy.url, "m") == 200
     for _ in range(6):
