@@ -233,6 +233,16 @@ class Background(_Section, frozen=True):
     snapshot_interval: Seconds = 1.0  # how often a run stores the response as it stands
 
 
+class Tracing(_Section, frozen=True):
+    """OpenTelemetry traces (design.md 12), exported over OTLP/HTTP: on with `enabled: true`,
+    or, left unset, where OTEL_EXPORTER_OTLP_ENDPOINT (or its _TRACES_ form) is set."""
+
+    enabled: bool | None = None
+    # The traces URL (http://collector:4318/v1/traces); unset: the OTEL_EXPORTER_OTLP_* variables'.
+    endpoint: str | None = None
+    content: bool = False  # prompts and outputs in the spans (gen_ai.input.messages, gen_ai.output.messages)
+
+
 class Log(_Section, frozen=True):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -249,6 +259,7 @@ class Config(_Section, frozen=True):
     store: Store = Store()
     connections: Connections = Connections()
     background: Background = Background()
+    tracing: Tracing = Tracing()
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long streams in flight may run before they are cut.
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0

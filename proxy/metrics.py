@@ -13,6 +13,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 # since prometheus_client reads it when it is first imported.
 SHARED = "PROMETHEUS_MULTIPROC_DIR"
 
+# The GenAI semantic conventions' advised buckets: time to the first token, per output token,
+# and tokens a call (https://opentelemetry.io/docs/specs/semconv/gen-ai/gen-ai-metrics/).
+_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10)
+_PER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5)
+_TOKEN_BUCKETS = tuple(4**power for power in range(14))
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300)
 # Distinct `what` labels of the ignored counter, and their length: clients choose unknown
 # field names, so both are bounded; past them a name counts as `other`, and is not logged
@@ -66,6 +71,35 @@ class Metrics:
                 "Time from request to the first generated token sent.",
                 ["route"],
                 buckets=_LATENCY_BUCKETS,
+                registry=self.registry,
+            )
+        )
+        # The GenAI conventions' names beside the proxy's own (design.md 12.2): route, as
+        # `gen_ai_request_model`, keeps their labels bounded.
+        self.gen_ai_first_token = Labelled(
+            Histogram(
+                "gen_ai_server_time_to_first_token_seconds",
+                "Time to generate the first token (gen_ai.server.time_to_first_token).",
+                ["gen_ai_request_model"],
+                buckets=_FIRST_TOKEN_BUCKETS,
+                registry=self.registry,
+            )
+        )
+        self.gen_ai_per_token = Labelled(
+            Histogram(
+                "gen_ai_server_time_per_output_token_seconds",
+                "Time per output token after the first (gen_ai.server.time_per_output_token).",
+                ["gen_ai_request_model"],
+                buckets=_PER_TOKEN_BUCKETS,
+                registry=self.registry,
+            )
+        )
+        self.gen_ai_tokens = Labelled(
+            Histogram(
+                "gen_ai_client_token_usage",
+                "Tokens a call to the inference server used, by type (gen_ai.client.token.usage).",
+                ["gen_ai_request_model", "gen_ai_token_type"],
+                buckets=_TOKEN_BUCKETS,
                 registry=self.registry,
             )
         )
@@ -133,6 +167,23 @@ class Metrics:
             self._ignored_kinds.add(what)
         self._ignored.labels(what if known or new else "other").inc()
         return new
+
+    def first_chunk(self, route: str, seconds: float) -> None:
+        self.first_token.labels(route).observe(seconds)
+        self.gen_ai_first_token.labels(route).observe(seconds)
+
+    def answered(
+        self, route: str, upstream: str, usage: dict[str, Any], first_chunk: float | None, seconds: float
+    ) -> None:
+        """A finished call's tokens (design.md 11.4) and, streamed, its time per output token."""
+        made, read = usage["output_tokens"], usage["input_tokens"]
+        self.output_tokens.labels(route).inc(made)
+        self.prompt_tokens.labels(upstream).inc(read)
+        self.cached_prompt_tokens.labels(upstream).inc(usage["input_tokens_details"]["cached_tokens"])
+        self.gen_ai_tokens.labels(route, "input").observe(read)
+        self.gen_ai_tokens.labels(route, "output").observe(made)
+        if first_chunk is not None and made > 1:
+            self.gen_ai_per_token.labels(route).observe((seconds - first_chunk) / (made - 1))
 
     def upstream_error(self, upstream: str, kind: str) -> None:
         self.upstream_errors.labels(upstream, kind).inc()

@@ -17,6 +17,8 @@ from .responses.sealing import Sealer, derive_key
 from .store import ResponseStore
 from .store.redis import RedisBackend
 from .store.sqlite import SQLiteBackend
+from .tracing import Tracing
+from .tracing import enabled as tracing_enabled
 from .upstream.affinity import AffinityMap, LocalAffinity
 from .upstream.client import UpstreamClient
 
@@ -29,7 +31,9 @@ class Runtime:
         self.draining = False
         self.config = config
         self.api_keys = config.auth.keys()
-        self.store = open_store(config.store, metrics)
+        # Set up once: a reload's tracing section takes a restart, as the store's does.
+        self.tracing = Tracing(config.tracing, store_system(config.store)) if tracing_enabled(config.tracing) else None
+        self.store = open_store(config.store, metrics, self.tracing)
         self.clients = self._clients(config, {})
         self._secret = config.reasoning.secret()
         self.sealer = self._new_sealer()
@@ -91,6 +95,8 @@ class Runtime:
             await client.close()
         if self.store is not None:
             await self.store.close()
+        if self.tracing is not None:
+            await self.tracing.close()
 
     def _new_sealer(self) -> Sealer:
         if self._secret:
@@ -133,7 +139,13 @@ class Runtime:
         return LocalAffinity(upstream.affinity_ttl)
 
 
-def open_store(settings: config_module.Store, metrics: Metrics) -> ResponseStore | None:
+def store_system(settings: config_module.Store) -> str | None:
+    if settings.url == "none":
+        return None
+    return "sqlite" if settings.sqlite_path is not None else "redis"
+
+
+def open_store(settings: config_module.Store, metrics: Metrics, tracing: Tracing | None) -> ResponseStore | None:
     if settings.url == "none":
         return None
     path = settings.sqlite_path
@@ -141,4 +153,7 @@ def open_store(settings: config_module.Store, metrics: Metrics) -> ResponseStore
         backend: SQLiteBackend | RedisBackend = SQLiteBackend(path, settings.ttl, settings.max_responses)
     else:
         backend = RedisBackend(settings.url, settings.prefix, settings.ttl, settings.max_responses, settings.timeout)
-    return ResponseStore(backend, settings.timeout, lambda operation: metrics.store_errors.labels(operation).inc())
+    count = metrics.store_errors
+    return ResponseStore(
+        backend, settings.timeout, lambda operation: count.labels(operation).inc(), tracing.store if tracing else None
+    )

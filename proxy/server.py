@@ -74,6 +74,13 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
     request[REQUEST_ID] = sent if sent and _REQUEST_ID.fullmatch(sent) else os.urandom(16).hex()
     started = time.monotonic()
     status = 500
+    runtime = request.app[RUNTIME]
+    tracing = runtime.tracing
+    info = request.match_info.route.resource
+    endpoint = info.canonical if info is not None else "other"
+    traced = None
+    if tracing is not None and endpoint.startswith("/v1/"):
+        traced = tracing.server(request.method, endpoint, request.headers)
     try:
         try:
             request[OWNER] = _owner(request)
@@ -99,9 +106,10 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     finally:
         elapsed = time.monotonic() - started
-        info = request.match_info.route.resource
-        endpoint = info.canonical if info is not None else "other"
-        metrics = request.app[RUNTIME].metrics
+        if traced is not None:
+            assert tracing is not None
+            tracing.end(*traced, status)
+        metrics = runtime.metrics
         metrics.requests.labels(request.get(MODEL_PATTERN, ""), endpoint, status).inc()
         metrics.latency.labels(endpoint).observe(elapsed)
         if access_log.isEnabledFor(logging.INFO):

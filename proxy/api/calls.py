@@ -83,8 +83,17 @@ class Turn:
         max_event = self.target.upstream.max_event_bytes
         return ResponseTranslator(self.call, streaming=streaming, request_id=request[REQUEST_ID], max_event=max_event)
 
-    def post(self, request: web.Request) -> AbstractAsyncContextManager[Exchange]:
-        return self.client.post(CHAT_PATH, self.call.chat, upstream_headers(request), session=self.session)
+    def post(self, request: web.Request, chat: dict[str, Any] | None = None) -> AbstractAsyncContextManager[Exchange]:
+        """The call's chat request (or another of the turn's: a summary's), sent when entered;
+        its client span, where tracing is on (design.md 12)."""
+        headers = upstream_headers(request)
+        exchange = self.client.post(CHAT_PATH, self.call.chat if chat is None else chat, headers, session=self.session)
+        tracing = request.app[RUNTIME].tracing
+        return (
+            exchange
+            if tracing is None
+            else tracing.upstream(exchange, headers, self.target.upstream, self.target.model)
+        )
 
 
 async def plan_turn(
@@ -106,6 +115,9 @@ async def plan_turn(
     _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
     session = call_session(request, past) if client.keyed else None
     as_stored = stored_form(request, data, past, session) if stored or keep_here is not None else None
+    if runtime.tracing is not None:
+        conversation = (session or call_session(request, past)).key  # gen_ai.conversation.id: the session
+        runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation)
 
     async def keep(response: dict[str, Any]) -> None:
         if as_stored is None:

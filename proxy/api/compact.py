@@ -23,8 +23,8 @@ from ..responses.plan import plan_call
 from ..responses.schema import Message, parse_items
 from ..responses.translate import ResponseTranslator
 from .body import read_body
-from .calls import CHAT_PATH, Turn, plan_turn, translation_settings
-from .common import json_response, upstream_headers
+from .calls import Turn, plan_turn, translation_settings
+from .common import json_response
 from .streaming import EventStream
 
 # What the summary's call leaves out of the conversation's chat request: the model writes text,
@@ -107,7 +107,7 @@ async def _summarised(
     chat["stream"] = False
     said = _with_output(request, turn, output) if output else chat["messages"]
     chat["messages"] = [*said, {"role": "user", "content": compaction.PROMPT}]
-    async with turn.client.post(CHAT_PATH, chat, upstream_headers(request), session=turn.session) as exchange:
+    async with turn.post(request, chat) as exchange:
         body = await exchange.read_body()
     call = dataclasses.replace(turn.call, compact_at=None)
     answer = ResponseTranslator(call, streaming=False, request_id=request[REQUEST_ID]).complete(body)

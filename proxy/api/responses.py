@@ -7,10 +7,10 @@ import time
 from typing import Any
 
 from aiohttp import web
-from prometheus_client import Histogram
 
 from ..appkeys import MODEL_PATTERN, RUNTIME
 from ..errors import ProxyError
+from ..metrics import Metrics
 from ..relay import compacted, relay
 from ..responses import compaction
 from ..responses.body import load_json
@@ -44,8 +44,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         )
     try:
         async with turn.post(request) as exchange:
+            first_chunk = None
             if call.stream:
-                response, output = await _stream(request, turn, translator, exchange, started)
+                response, output, first_chunk = await _stream(request, turn, translator, exchange, started)
             else:
                 if translator.complete(await exchange.read_body()) is None:
                     await compacted(translator, compact.compactor(request, turn))
@@ -58,27 +59,32 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             raise
         response, output = await _failed_stream(request, translator, error, keep)
     if output is not None:
-        count_usage(request, turn, output)
+        count_usage(request, turn, output, started, first_chunk)
     return response
 
 
-def count_usage(request: web.Request, turn: Turn, output: dict[str, Any]) -> None:
-    """A finished call's tokens, from its upstream's usage (design.md 11.4)."""
-    usage, target, metrics = output["usage"], turn.target, request.app[RUNTIME].metrics
-    metrics.output_tokens.labels(target.pattern).inc(usage["output_tokens"])
-    metrics.prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens"])
-    metrics.cached_prompt_tokens.labels(target.upstream.name).inc(usage["input_tokens_details"]["cached_tokens"])
+def count_usage(
+    request: web.Request, turn: Turn, output: dict[str, Any], started: float, first_chunk: float | None
+) -> None:
+    """A finished call's tokens, from its upstream's usage (design.md 11.4), and the time per
+    output token after the first (12.2); on its span, what it made (12.1)."""
+    runtime = request.app[RUNTIME]
+    usage, target = output["usage"], turn.target
+    runtime.metrics.answered(target.pattern, target.upstream.name, usage, first_chunk, time.monotonic() - started)
+    if runtime.tracing is not None:
+        runtime.tracing.answered(output, first_chunk)
 
 
 async def _stream(
     request: web.Request, turn: Turn, translator: ResponseTranslator, exchange: Exchange, started: float
-) -> tuple[web.StreamResponse, dict[str, Any] | None]:
+) -> tuple[web.StreamResponse, dict[str, Any] | None, float | None]:
+    """The stream, the response it ended with, and the seconds to its first generated token."""
     runtime = request.app[RUNTIME]
     metrics = runtime.metrics
     response = EventStream()
     await response.prepare(request)
     watch = ClientWatch(request, response, runtime.config.keepalive, exchange.timeouts.client_idle, exchange.deadline)
-    sink = _ClientSink(watch, translator, turn.keep, metrics.first_token.labels(request[MODEL_PATTERN]), started)
+    sink = _ClientSink(watch, translator, turn.keep, request[MODEL_PATTERN], metrics, started)
     metrics.streams.inc()
     try:
         await sink.write(translator.start())
@@ -91,37 +97,40 @@ async def _stream(
     if whole:
         await exchange.drain()
     log_failure(request, translator.error)
-    return response, translator.response
+    return response, translator.response, sink.first_chunk
 
 
 class _ClientSink:
     """A stream's client as the relay's sink: one write per upstream read, the last with the
     end of the body (design.md 4.10), the finished response kept before it (9.2)."""
 
-    __slots__ = ("_watch", "_translator", "_keep", "_first_token", "_started")
+    __slots__ = ("_watch", "_translator", "_keep", "_route", "_metrics", "_started", "first_chunk")
 
     def __init__(
         self,
         watch: ClientWatch,
         translator: ResponseTranslator,
         keep: Keep,
-        first_token: Histogram | None,
+        route: str,
+        metrics: Metrics,
         started: float,
     ) -> None:
         self._watch = watch
         self._translator = translator
         self._keep = keep
-        self._first_token = first_token  # observed once, then None
+        self._route = route
+        self._metrics = metrics
         self._started = started
+        self.first_chunk: float | None = None  # seconds to the first generated token, once sent
 
     async def write(self, events: bytes) -> None:
         finished = self._translator.response
         if finished is not None:
             await self._keep(finished)
         await self._watch.write(events, last=finished is not None)
-        if self._first_token is not None and self._translator.generating:
-            self._first_token.observe(time.monotonic() - self._started)
-            self._first_token = None
+        if self.first_chunk is None and self._translator.generating:
+            self.first_chunk = time.monotonic() - self._started
+            self._metrics.first_chunk(self._route, self.first_chunk)
 
 
 async def _failed_stream(

@@ -120,6 +120,7 @@ class _Connection:
             await self._send_error(ProxyError(f"internal error; request id {request[REQUEST_ID]}"))
 
     async def _generated(self, turn: Turn) -> None:
+        started = time.monotonic()
         translator = turn.translator(self._request)
         sink = _SocketSink(self, translator, turn)
         try:
@@ -134,7 +135,7 @@ class _Connection:
             await sink.write(translator.start() + translator.fail(error))
         log_failure(self._request, translator.error)
         if translator.response is not None:
-            count_usage(self._request, turn, translator.response)
+            count_usage(self._request, turn, translator.response, started, None)
 
     async def _prepared(self, turn: Turn) -> None:
         """`generate: false`: the request's state kept without output, for a later turn to

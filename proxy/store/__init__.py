@@ -17,6 +17,7 @@ import hashlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from ..errors import StoreUnavailable
@@ -108,9 +109,23 @@ class CapReached(Exception):
         self.running = running
 
 
+def _untraced(operation: str) -> AbstractContextManager[None]:
+    return _NO_SPAN
+
+
+_NO_SPAN = contextlib.nullcontext()
+
+
 class ResponseStore:
-    def __init__(self, backend: Backend, timeout: float, on_error: Callable[[str], None]) -> None:
+    def __init__(
+        self,
+        backend: Backend,
+        timeout: float,
+        on_error: Callable[[str], None],
+        traced: Callable[[str], AbstractContextManager[None]] | None = None,
+    ) -> None:
         self.backend = backend
+        self._traced = traced or _untraced  # an operation's span, where tracing is on
         self._timeout = timeout
         self._on_error = on_error
         self._here = KeptHere()
@@ -211,8 +226,9 @@ class ResponseStore:
 
     async def _guard(self, operation: str, call: Awaitable[T], waiting: float = 0.0) -> T:
         try:
-            async with asyncio.timeout(self._timeout + waiting):
-                result = await call
+            with self._traced(operation):
+                async with asyncio.timeout(self._timeout + waiting):
+                    result = await call
         except Exception as exc:  # whatever broke (connection, disk, timeout), the store is failing
             self._on_error(operation)
             self.last_error = f"{operation}: {exc!r}"

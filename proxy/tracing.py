@@ -1,0 +1,168 @@
+"""OpenTelemetry traces in the GenAI semantic conventions (design.md 12): a server span for each
+API request, a client span for each upstream call, its `traceparent` sent upstream so that
+SGLang's and vLLM's own spans nest under it, and a span for each store operation.
+
+Off unless configured, and then the SDK is imported; off, a request pays one None check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import AsyncIterator, Iterator, Mapping
+from contextlib import AbstractAsyncContextManager
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import orjson
+
+from . import config as config_module
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span
+
+T = TypeVar("T")
+# The end of a response, as `gen_ai.response.finish_reasons` names it.
+_FINISHES = {"max_output_tokens": "length", "content_filter": "content_filter"}
+
+
+def enabled(settings: config_module.Tracing) -> bool:
+    """`tracing.enabled`, else on where the standard OTLP endpoint variable is set; never with
+    `OTEL_SDK_DISABLED=true`."""
+    if os.environ.get("OTEL_SDK_DISABLED", "").strip().lower() == "true":
+        return False
+    if settings.enabled is not None:
+        return settings.enabled
+    return bool(os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"))
+
+
+class Tracing:
+    def __init__(self, settings: config_module.Tracing, store_system: str | None) -> None:
+        from opentelemetry import trace
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import SERVICE_NAME, Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
+
+        # OTEL_SERVICE_NAME, OTEL_RESOURCE_ATTRIBUTES and the sampler's variables apply as the SDK reads them.
+        resource = Resource.create({SERVICE_NAME: os.environ.get("OTEL_SERVICE_NAME", "responses-proxy")})
+        self._provider = TracerProvider(resource=resource)
+        self._provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter(endpoint=settings.endpoint)))
+        self._tracer = self._provider.get_tracer("responses-proxy")
+        self._propagator = TraceContextTextMapPropagator()
+        self._trace = trace
+        self._kinds = trace.SpanKind
+        self._store_system = store_system
+        self.content = settings.content  # prompts and outputs in the spans: an explicit opt-in
+
+    def server(self, method: str, route: str, headers: Mapping[str, str]) -> tuple[Span, object]:
+        """A request's span, continuing the caller's `traceparent`, made current: the span and
+        the token that `end` detaches."""
+        from opentelemetry import context
+
+        parent = self._propagator.extract(headers)
+        span = self._tracer.start_span(
+            f"{method} {route}",
+            context=parent,
+            kind=self._kinds.SERVER,
+            attributes={"http.request.method": method, "http.route": route},
+        )
+        return span, context.attach(self._trace.set_span_in_context(span, parent))
+
+    def end(self, span: Span, token: object, status: int) -> None:
+        from opentelemetry import context
+
+        context.detach(token)  # type: ignore[arg-type]
+        span.set_attribute("http.response.status_code", status)
+        if status >= 500:
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR))
+        span.end()
+
+    @contextlib.asynccontextmanager
+    async def upstream(
+        self,
+        call: AbstractAsyncContextManager[T],
+        headers: dict[str, str],
+        upstream: config_module.Upstream,
+        model: str,
+    ) -> AsyncIterator[T]:
+        """The upstream call as a client span, its `traceparent` in `headers` before they go."""
+        span = self._tracer.start_span(
+            f"chat {model}",
+            kind=self._kinds.CLIENT,
+            attributes={
+                "gen_ai.operation.name": "chat",
+                "gen_ai.provider.name": upstream.dialect,
+                "gen_ai.request.model": model,
+                "proxy.upstream": upstream.name,
+            },
+        )
+        self._propagator.inject(headers, context=self._trace.set_span_in_context(span))
+        try:
+            async with call as exchange:
+                yield exchange
+        except Exception as error:  # a client that left (a cancel) is no error of the call's
+            span.record_exception(error)
+            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR, str(error)))
+            raise
+        finally:
+            span.end()
+
+    @contextlib.contextmanager
+    def store(self, operation: str) -> Iterator[None]:
+        """A store operation's span (the database conventions)."""
+        attributes = {"db.operation.name": operation, "db.system.name": self._store_system or "other"}
+        with self._tracer.start_as_current_span(f"{operation} {self._store_system}", attributes=attributes):
+            yield
+
+    def turn(self, model: str, chat: dict[str, Any], stream: bool, session: str) -> None:
+        """What a Responses call asked, on its request's span (the current one), which it names
+        (`chat {model}`)."""
+        span = self._trace.get_current_span()
+        span.update_name(f"chat {model}")
+        attributes: dict[str, Any] = {
+            "gen_ai.operation.name": "chat",
+            "openai.api.type": "responses",
+            "gen_ai.request.model": model,
+            "gen_ai.request.stream": stream,
+            "gen_ai.conversation.id": session,
+        }
+        for attribute, key in (
+            ("gen_ai.request.max_tokens", "max_completion_tokens"),
+            ("gen_ai.request.temperature", "temperature"),
+            ("gen_ai.request.top_p", "top_p"),
+        ):
+            if chat.get(key) is not None:
+                attributes[attribute] = chat[key]
+        if self.content:
+            attributes["gen_ai.input.messages"] = orjson.dumps(chat["messages"]).decode()
+        span.set_attributes(attributes)
+
+    def answered(self, response: dict[str, Any], first_chunk: float | None) -> None:
+        """What a Responses call made, on its request's span."""
+        span = self._trace.get_current_span()
+        usage = response["usage"]
+        output = response["output"]
+        incomplete = response.get("incomplete_details") or {}
+        finish = _FINISHES.get(incomplete.get("reason", ""), "stop")
+        if any(item["type"] in ("function_call", "custom_tool_call") for item in output):
+            finish = "tool_calls"
+        attributes: dict[str, Any] = {
+            "gen_ai.response.id": response["id"],
+            "gen_ai.response.model": response["model"],
+            "gen_ai.response.finish_reasons": [finish if response["status"] != "failed" else "error"],
+            "gen_ai.usage.input_tokens": usage["input_tokens"],
+            "gen_ai.usage.output_tokens": usage["output_tokens"],
+            "gen_ai.usage.cache_read.input_tokens": usage["input_tokens_details"]["cached_tokens"],
+            "gen_ai.usage.reasoning.output_tokens": usage["output_tokens_details"]["reasoning_tokens"],
+        }
+        if first_chunk is not None:
+            attributes["gen_ai.response.time_to_first_chunk"] = first_chunk
+        if self.content:
+            attributes["gen_ai.output.messages"] = orjson.dumps(output).decode()
+        span.set_attributes(attributes)
+
+    async def close(self) -> None:
+        """Export what is left, the batch still held, from a thread: the exporter blocks."""
+        await asyncio.to_thread(self._provider.shutdown)
