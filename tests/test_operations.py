@@ -218,6 +218,12 @@ async def test_metrics_follow_traffic(upstream, start_proxy, http) -> None:
     assert sample(metrics, "proxy_upstream_errors_total", upstream="main", kind="status_500") == 1
     assert sample(metrics, "proxy_time_to_first_token_seconds_count", route="m") == 2
     assert sample(metrics, "proxy_request_duration_seconds_count", endpoint="/v1/responses") == 5
+    # The GenAI conventions' names (design.md 12.2): the two finished calls, one streamed.
+    assert sample(metrics, "gen_ai_server_time_to_first_token_seconds_count", gen_ai_request_model="m") == 2
+    assert sample(metrics, "gen_ai_server_time_per_output_token_seconds_count", gen_ai_request_model="m") == 1
+    output_usage = sample(metrics, "gen_ai_client_token_usage_sum", gen_ai_request_model="m", gen_ai_token_type="output")
+    assert output_usage == 2 * GEN.completion_tokens
+    assert sample(metrics, "gen_ai_client_token_usage_count", gen_ai_request_model="m", gen_ai_token_type="input") == 2
 
 
 # -- auth and the body limit ----------------------------------------------------------------------
