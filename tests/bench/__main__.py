@@ -19,7 +19,9 @@ logprobs with top_logprobs 5. Measured:
    end) with `store: true`, kept in SQLite and in Redis, against `store: false`;
 8. what a background stream costs: CPU per text event (as 3, one chunk per read) and time to
    the first text event (as 2) with `background: true`, against the same stream kept in the
-   foreground, in SQLite and in Redis.
+   foreground, in SQLite and in Redis;
+9. what tracing costs: CPU per text event (as 3, one chunk per read) of a proxy with tracing on,
+   every span exported over OTLP/HTTP to a sink, against the proxy with it off (as shipped).
 
 Everything but 7 and 8 asks with `store: false`: the translation alone, against the baseline.
 """
@@ -107,7 +109,7 @@ class Phases:
             self.times[self.name] = round(time.monotonic() - self.started, 1)
 
 
-async def bench(s: dict, run: dict, sides: list[Side], redis: Side | None) -> list[Row]:
+async def bench(s: dict, run: dict, sides: list[Side], redis: Side | None, traced: Side) -> list[Row]:
     direct, baseline, proxy = sides
     tested = [baseline, proxy]
     results = run["results"]
@@ -277,6 +279,21 @@ async def bench(s: dict, run: dict, sides: list[Side], redis: Side | None) -> li
         name: {"us_per_event": load.cpu / load.events * 1e6, "failed": load.failed, "errors": load.errors, "first_p50": pct(firsts[name], 0.5)}
         for name, load in loads.items()
     }
+    # 9: tracing on against off, CPU per event as 3 (one chunk per read), interleaved rounds.
+    phase("9", f"tracing on against off: {s['cpu_rounds']} round(s) of {s['cpu_streams']} streams x {s['cpu_n']} chunks at {s['cpu_pace']}/s")
+    traced_loads = {side.name: Load() for side in (proxy, traced)}
+    traced_ratios = []
+    for r in range(s["cpu_rounds"]):
+        per_event = {}
+        for side in turn([proxy, traced], r):
+            load = await drive(side, n=s["cpu_n"], concurrency=s["cpu_streams"], pace=s["cpu_pace"], spread=1 / s["cpu_pace"])
+            traced_loads[side.name].add(load)
+            per_event[side.name] = load.cpu / max(load.events, 1)
+        traced_ratios.append(per_event["traced"] / per_event["proxy"])
+    results["tracing"] = {
+        "round_ratios": traced_ratios,
+        **{name: {"us_per_event": load.cpu / max(load.events, 1) * 1e6, "failed": load.failed} for name, load in traced_loads.items()},
+    }
     phase.close()
     if test_cpu is not None:
         others = procs.core_busy_seconds(test_cpu) - busy - (sum(side.proc.cpu_seconds() for side in tested) - own)
@@ -413,6 +430,13 @@ def rows(s: dict, results: dict) -> list[Row]:
                 ms(entry[kind]["p50"] - plain[kind]["p50"], True), "-", "-", "-", "-", None,
                 f"{entry[kind]['samples']} samples, {s['lat_n']} tokens; CPU {cpu * 1e6:+.0f} us a call ({counted})",
             ))
+    r = results["tracing"]
+    out.append(Row(
+        "tracing on: CPU per text event, vs off",
+        f"{r['traced']['us_per_event']:.1f} us", "-", "-", f"{statistics.median(r['round_ratios']):.2f}x", "-", None,
+        f"off {r['proxy']['us_per_event']:.1f} us; rounds {', '.join(f'{x:.2f}' for x in r['round_ratios'])}; a server, a client and a store span a stream, exported over OTLP/HTTP"
+        + (f"; {r['traced']['failed']} streams FAILED" if r["traced"]["failed"] else ""),
+    ))
     r = results["background"]
     for foreground, background, where in (("sqlite", "background", "SQLite"), ("redis", "background-redis", "Redis")):
         if background not in r:
@@ -470,7 +494,10 @@ def main(argv: list[str] | None = None) -> int:
             import uvloop
         except ImportError:
             uvloop = None
-        table = (uvloop.run if uvloop else asyncio.run)(bench(s, run, sides, redis_side))
+        traced = running["proxy-traced"]
+        assert isinstance(traced, procs.Proc)
+        traced_side = Side("traced", traced.port, True, traced, test_cpu)
+        table = (uvloop.run if uvloop else asyncio.run)(bench(s, run, sides, redis_side, traced_side))
     finally:
         procs.stop_all(running)
     run["seconds"] = round(time.monotonic() - started, 1)

@@ -166,14 +166,18 @@ def start_upstream(pinning: Pinning, log_dir: Path) -> Proc:
     return upstream
 
 
-def start_proxy(name: str, pinning: Pinning, log_dir: Path, store: str, upstream: str, extra: list[str] | None = None, root: Path = REPOSITORY) -> Proc:
+def start_proxy(
+    name: str, pinning: Pinning, log_dir: Path, store: str, upstream: str, extra: list[str] | None = None, root: Path = REPOSITORY, traces: str | None = None
+) -> Proc:
     """A proxy on the test core in front of `upstream`, keeping responses in `store`, run from
-    the source tree at `root`; not yet healthy."""
+    the source tree at `root`, exporting its spans to the OTLP/HTTP URL `traces` if given; not
+    yet healthy."""
     log_dir.mkdir(parents=True, exist_ok=True)
     config = (log_dir / f"{name}.yaml").resolve()  # the proxy runs in `root`
     # The background measure runs as many streams at once as the others: above the default caps.
     caps = "background:\n  max_running: 1000\n  max_running_per_key: 1000\n"
-    config.write_text(f"upstreams:\n  - name: bench\n    urls: [{upstream}]\nstore:\n  url: {store}\n{caps}")
+    tracing = f"tracing:\n  enabled: true\n  endpoint: {traces}\n" if traces else ""
+    config.write_text(f"upstreams:\n  - name: bench\n    urls: [{upstream}]\nstore:\n  url: {store}\n{caps}{tracing}")
     port = free_port()
     argv = [sys.executable, *(extra or []), "-m", "proxy", "--config", str(config), "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
     return Proc(name, argv, port, pinning.prefix(pinning.test_cpu), log_dir, root)
@@ -196,6 +200,10 @@ def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> d
         for stale in log_dir.glob("responses.db*"):
             stale.unlink()
         procs["proxy"] = start_proxy("proxy", pinning, log_dir, f"sqlite:{database}", up, ["-m", "cProfile", "-o", str(profile)] if profile else None)
+        # 9: the same proxy with tracing on, every span exported to a sink on the load core.
+        port = free_port()
+        procs["otlp-sink"] = Proc("otlp-sink", [python, "-m", "tests.bench.otlp_sink", "--port", str(port)], port, pinning.prefix(pinning.load_cpu), log_dir)
+        procs["proxy-traced"] = start_proxy("proxy-traced", pinning, log_dir, f"sqlite:{database}", up, traces=f"http://127.0.0.1:{port}/v1/traces")
         if shutil.which("redis-server"):
             redis = procs["redis"] = Redis(pinning.prefix(pinning.load_cpu), log_dir)
             procs["proxy-redis"] = start_proxy("proxy-redis", pinning, log_dir, redis.url, up)
