@@ -162,3 +162,21 @@ def test_stored_responses_have_a_place_that_every_replica_shares(path: Path) -> 
             services = [d for d in p.docs if d["kind"] == "Service" and d["metadata"]["name"] == host.split(".")[0]]
             assert services, f"{p.name}: no Service {host} in {path.name}"
             assert int(port) in [s["port"] for s in services[0]["spec"]["ports"]]
+
+
+def _sample_names() -> set[str]:
+    """Every sample name the proxy's metrics can show, labelled or not yet."""
+    from proxy.metrics import Metrics
+
+    suffixes = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",)}
+    return {family.name + suffix for family in Metrics().registry.collect() for suffix in suffixes[family.type]}
+
+
+def test_the_grafana_dashboard_shows_only_metrics_the_proxy_has() -> None:
+    """design.md 12.2: a renamed metric would leave a panel empty without a word."""
+    dashboard = json.loads((ROOT / "configs" / "grafana" / "responses-proxy.json").read_text())
+    exprs = [target["expr"] for panel in dashboard["panels"] for target in panel["targets"]]
+    used = {name for expr in exprs for name in re.findall(r"\b(?:proxy|gen_ai)_[a-z_]+", expr)}
+    assert used - _sample_names() == set()
+    shown = {"proxy_requests_total", "proxy_upstream_errors_total", "gen_ai_server_time_to_first_token_seconds_bucket", "proxy_output_tokens_total", "proxy_streams_in_flight", "proxy_store_errors_total", "proxy_session_routes_total"}
+    assert shown <= used  # requests, errors, TTFT, tokens/s, streams, store errors, affinity
