@@ -95,7 +95,7 @@ async def test_body_not_a_request(upstream, proxy, http, data: bytes) -> None:
     await refused(http, proxy, upstream, 400, data=data, headers={"Content-Type": "application/json"})
 
 
-@pytest.mark.parametrize(("method", "path", "allowed"), [("GET", "/v1/responses", "POST"), ("PUT", "/v1/models", "GET")])
+@pytest.mark.parametrize(("method", "path", "allowed"), [("PUT", "/v1/responses", "POST"), ("PUT", "/v1/models", "GET")])
 async def test_a_method_not_allowed_says_which_are(upstream, proxy, http, method: str, path: str, allowed: str) -> None:
     """A 405 in the envelope, with the `Allow` header RFC 9110 asks for."""
     async with http.request(method, f"{proxy}{path}") as response:

@@ -326,3 +326,36 @@ async def test_a_store_that_hangs_fails_reads_in_time_and_leaves_no_reply_behind
             assert body["output"][0]["content"][0]["text"] == response["output"][0]["content"][0]["text"]
     finally:
         server.stop()
+
+
+async def test_the_list_of_a_keys_responses_newest_first(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
+    """GET /v1/responses, an extension (design.md 9.3): the key's own, newest first, paged; a
+    deleted one is gone from it; scores only with `include`."""
+    url = await start_proxy(proxy_config(upstream, store, auth={"api_keys": ["key-a", "key-b"]}))
+    a, b = ({"Authorization": f"Bearer key-{k}"} for k in "ab")
+    upstream.script(Reply(text_turn("Hi")))
+    created = [await create(http, url, {"model": "m", "input": f"q{i}", "include": LOGPROBS}, stream=False, headers=a) for i in range(3)]
+    # Newest first: by creation (whole seconds, as the API has it), then by id.
+    made = [r["id"] for r in sorted(created, key=lambda r: (r["created_at"], r["id"]))]
+    await create(http, url, {"model": "m", "input": "theirs"}, stream=False, headers=b)
+
+    async def page(headers: dict, query: str = "") -> tuple[int, Any]:
+        async with http.get(f"{url}/v1/responses{query}", headers=headers) as response:
+            return response.status, await response.json()
+
+    status, first = await page(a, "?limit=2")
+    assert status == 200 and first["object"] == "list"
+    assert [r["id"] for r in first["data"]] == made[:0:-1] and first["has_more"] is True
+    assert (first["first_id"], first["last_id"]) == (made[2], made[1])
+    assert first["data"][0]["output"][0]["content"][0]["logprobs"] == []  # asked for with include
+    _, rest = await page(a, f"?limit=2&after={first['last_id']}&include[]=message.output_text.logprobs")
+    assert [r["id"] for r in rest["data"]] == [made[0]] and rest["has_more"] is False
+    assert rest["data"][0]["output"][0]["content"][0]["logprobs"] != []
+    async with http.delete(f"{url}/v1/responses/{made[1]}", headers=a):
+        pass
+    assert [r["id"] for r in (await page(a))[1]["data"]] == [made[2], made[0]]
+    assert [r["output"][0]["content"][0]["text"] for r in (await page(b))[1]["data"]] == ["Hi"]
+    for query, param in (("?after=resp_unknown", "after"), (f"?after={made[0]}&limit=0", "limit")):
+        status, refused = await page(a, query)
+        assert status == 400 and envelope(refused)["param"] == param
+    assert (await page(b, f"?after={made[0]}"))[0] == 400  # another key's response is no cursor

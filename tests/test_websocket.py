@@ -104,14 +104,14 @@ async def test_the_openai_sdk_over_the_websocket(upstream: FakeUpstream, proxy: 
     assert kinds[0] == "response.created" and "response.output_text.delta" in kinds
 
 
-async def test_off_it_is_a_426_and_a_plain_get_a_405(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+async def test_off_it_is_a_426_and_a_plain_get_the_list(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
     """design.md 8.9: turned off, the handshake is refused with a 426, on which Codex goes on over HTTP."""
     url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "connections": {"websockets": False}}))
     with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
         await http.ws_connect(f"{url}/v1/responses")
     assert refused.value.status == 426
-    async with http.get(f"{url}/v1/responses") as response:
-        assert response.status == 405 and "POST" in response.headers["Allow"]
+    async with http.get(f"{url}/v1/responses") as response:  # no upgrade: the stored responses (9.3)
+        assert response.status == 200 and (await response.json())["object"] == "list"
 
 
 async def test_a_long_chain_of_unstored_turns_goes_on(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:

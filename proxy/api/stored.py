@@ -144,18 +144,43 @@ async def delete(request: web.Request) -> web.Response:
     return json_response({"id": id, "object": "response.deleted", "deleted": True})
 
 
+async def listed(request: web.Request) -> web.Response:
+    """GET /v1/responses, an extension (OpenAI lists no responses): the key's stored responses,
+    newest first, paged by `after` (a response id) and `limit` (design.md 9.3)."""
+    limit, after = _limit(request), request.query.get("after")
+    found = await store_of(request).recent(request[OWNER], after, limit + 1)
+    if found is None:
+        raise InvalidRequest(f"No response with id '{after}'.", param="after")
+    include = _include(request)
+    data = [history.shown(orjson.loads(bytes(stored.response)), include) for stored in found[:limit]]
+    return json_response(
+        {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": len(found) > limit,
+        }
+    )
+
+
+def _limit(request: web.Request) -> int:
+    try:
+        limit = int(request.query.get("limit", "20"))
+    except ValueError:
+        limit = 0
+    if not 1 <= limit <= 100:
+        raise InvalidRequest("'limit' must be an integer from 1 to 100.", param="limit")
+    return limit
+
+
 async def input_items(request: web.Request) -> web.Response:
     stored = await find_stored(request, request.match_info["id"])
     query = request.query
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidRequest("'order' must be asc or desc.", param="order")
-    try:
-        limit = int(query.get("limit", "20"))
-    except ValueError:
-        limit = 0
-    if not 1 <= limit <= 100:
-        raise InvalidRequest("'limit' must be an integer from 1 to 100.", param="limit")
+    limit = _limit(request)
     items = orjson.loads(bytes(stored.input_items))
     return json_response(
         history.page(items, order=order, after=query.get("after"), before=query.get("before"), limit=limit)

@@ -22,6 +22,7 @@ from ..responses.body import load_json
 from ..responses.lifecycle import completed, new_id, usage_object, whole_stream
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
+from . import stored
 from .calls import Turn, log_failure, plan_turn
 from .compact import compacted_turn, compactor
 from .responses import count_usage
@@ -33,8 +34,10 @@ _KEPT = 16
 
 
 async def responses_socket(request: web.Request) -> web.StreamResponse:
+    """GET /v1/responses: the WebSocket transport when the request asks for the upgrade, else
+    the list of stored responses (design.md 9.3)."""
     if request.headers.get("Upgrade", "").lower() != "websocket":
-        raise web.HTTPMethodNotAllowed(request.method, ["POST"])
+        return await stored.listed(request)
     config = request.app[RUNTIME].config
     if not config.connections.websockets:
         raise UpgradeRequired("The WebSocket transport is off on this proxy: POST /v1/responses instead.")

@@ -164,6 +164,9 @@ class ResponseStore:
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         return await self._guard("items", self.backend.items(ids, owner))
 
+    async def recent(self, owner: str, after: str | None, limit: int) -> list[StoredResponse] | None:
+        return await self._guard("recent", self.backend.recent(owner, after, limit))
+
     async def delete(self, id: str, owner: str) -> bool:
         self._here.forget(id)
         return await self._guard("delete", self.backend.delete(id, owner))

@@ -97,6 +97,11 @@ class Records(Protocol):
         """Items of `owner`'s stored responses, by id."""
         ...
 
+    async def recent(self, owner: str, after: str | None, limit: int) -> list[StoredResponse] | None:
+        """The owner's responses, newest first (by creation, then id): up to `limit` of those
+        after the response `after`; None when `after` names none of the owner's."""
+        ...
+
     async def delete(self, id: str, owner: str) -> bool:
         """Forget `owner`'s response, its items (those no later response took) and its events;
         whether there was one."""

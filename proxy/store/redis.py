@@ -59,14 +59,17 @@ end
 return 0
 """
 # Writes of several keys go as one script: kept whole or not at all, and at half the proxy's CPU of
-# a pipeline in a transaction. A record (KEYS[1], ARGV[1]) and its items (KEYS[3...], ARGV[5...]),
-# each with the time to live ARGV[2], and its id (ARGV[4]) in the index (KEYS[2]) by age (ARGV[3]):
+# a pipeline in a transaction. A record (KEYS[1], ARGV[1]) and its items (KEYS[4...], ARGV[5...]),
+# each with the time to live ARGV[2], and its id (ARGV[4]) by age (ARGV[3]) in the index of all
+# (KEYS[2]) and in its owner's (KEYS[3], which lives as long as the owner's newest):
 _PUT = """
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-for i = 3, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[i + 2], 'EX', ARGV[2])
+for i = 4, #KEYS do
+  redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ARGV[2])
 end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
+redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
+redis.call('EXPIRE', KEYS[3], ARGV[2])
 """
 # A batch of a run's events (ARGV[2...]: sequence number, event; ids as `_stream_id` makes them)
 # and the key's time to live (ARGV[1]). An event the stream holds already as it is stays (a batch
@@ -130,6 +133,9 @@ class RedisBackend:
     def _index(self) -> str:
         return f"{self._prefix}responses"
 
+    def _owned(self, owner: str) -> str:
+        return f"{self._prefix}owned:{owner}"
+
     @property
     def _runs(self) -> str:
         return f"{self._prefix}runs"
@@ -145,6 +151,7 @@ class RedisBackend:
         keys = [
             self._response_key(stored.id),
             self._index,
+            self._owned(stored.owner),
             *(self._item_key(stored.owner, item_id) for item_id, _ in found),
         ]
         entries = (_encode_entry(_ItemEntry(stored.id, msgspec.Raw(item))) for _, item in found)
@@ -166,6 +173,24 @@ class RedisBackend:
         found = await self._redis.mget([self._item_key(owner, id) for id in ids])
         return {id: bytes(_decode_entry(data).item) for id, data in zip(ids, found, strict=True) if data is not None}
 
+    async def recent(self, owner: str, after: str | None, limit: int) -> list[StoredResponse] | None:
+        """Newest first, as a sorted set of equal scores orders them (by id, backwards); an id
+        whose record expired is dropped from the owner's index as it is met."""
+        owned = self._owned(owner)
+        start = 0
+        if after is not None:
+            rank = cast("int | None", await self._redis.zrevrank(owned, after))
+            if rank is None or not await self._redis.exists(self._response_key(after)):
+                return None
+            start = rank + 1
+        newest = cast("list[bytes]", await self._redis.zrevrange(owned, start, start + limit - 1))
+        ids = [id.decode() for id in newest]
+        found = await self._redis.mget([self._response_key(id) for id in ids]) if ids else []
+        gone = [id for id, data in zip(ids, found, strict=True) if data is None]
+        if gone:
+            await self._redis.zrem(owned, *gone)
+        return [decode_stored(data) for data in found if data is not None]
+
     async def delete(self, id: str, owner: str) -> bool:
         return await self._remove(id, owner)
 
@@ -185,6 +210,7 @@ class RedisBackend:
         ]
         await self._redis.delete(self._response_key(id), self._events_key(id), *mine)
         await self._redis.zrem(self._index, id)
+        await self._redis.zrem(self._owned(stored.owner), id)
         return True
 
     async def append(self, id: str, events: list[Event]) -> None:

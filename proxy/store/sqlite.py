@@ -21,6 +21,7 @@ CREATE TABLE IF NOT EXISTS responses (
     record BLOB NOT NULL
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
+CREATE INDEX IF NOT EXISTS responses_by_owner ON responses (owner, created_at, id);
 CREATE TABLE IF NOT EXISTS items (
     owner TEXT NOT NULL, id TEXT NOT NULL, response_id TEXT NOT NULL, expires_at REAL NOT NULL, item BLOB NOT NULL,
     PRIMARY KEY (owner, id)
@@ -74,6 +75,9 @@ class SQLiteBackend:
 
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         return await self._run(self._items, ids, owner)
+
+    async def recent(self, owner: str, after: str | None, limit: int) -> list[StoredResponse] | None:
+        return await self._run(self._recent, owner, after, limit)
 
     async def delete(self, id: str, owner: str) -> bool:
         return await self._run(self._delete, id, owner)
@@ -196,6 +200,24 @@ class SQLiteBackend:
         )
         found = [decode_stored(row[0]) for row in rows]
         return {stored.id: stored for stored in found}
+
+    def _recent(self, owner: str, after: str | None, limit: int) -> list[StoredResponse] | None:
+        db, now = self._connection(), time.time()
+        cursor = (2**63 - 1, "")
+        if after is not None:
+            found = db.execute(
+                "SELECT created_at, id FROM responses WHERE id = ? AND owner = ? AND expires_at >= ?",
+                (after, owner, now),
+            ).fetchone()
+            if found is None:
+                return None
+            cursor = found
+        rows = db.execute(
+            "SELECT record FROM responses WHERE owner = ? AND expires_at >= ? AND (created_at, id) < (?, ?) "
+            "ORDER BY created_at DESC, id DESC LIMIT ?",
+            (owner, now, *cursor, limit),
+        )
+        return [decode_stored(row[0]) for row in rows]
 
     def _items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         marks = ",".join("?" * len(ids))
