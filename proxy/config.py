@@ -260,6 +260,7 @@ class Config(_Section, frozen=True):
     connections: Connections = Connections()
     background: Background = Background()
     tracing: Tracing = Tracing()
+    ui: bool = False  # the token-score viewer at /ui/ (design.md 13); it reads the API with its user's key
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long streams in flight may run before they are cut.
     shutdown_grace: Annotated[float, msgspec.Meta(ge=0)] = 30.0

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from .api import background, compact, endpoints, passthrough, responses, stored, websocket
+from .api import background, compact, endpoints, passthrough, responses, stored, ui, websocket
 from .api.common import json_response
 from .appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
 from .config import Config, Connections
@@ -173,6 +173,9 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/chat/completions", passthrough.forward)
     app.router.add_post("/v1/completions", passthrough.forward)
     app.router.add_get("/v1/models", endpoints.models)
+    for path in ("/ui", "/ui/", "/ui/live", "/ui/responses/{id}"):
+        app.router.add_get(path, ui.page)
+    app.router.add_get("/ui/static/{name}", ui.static)
     app.router.add_get("/health", endpoints.health)
     app.router.add_get("/ready", endpoints.ready)
     app.router.add_get("/metrics", endpoints.metrics)
