@@ -145,7 +145,7 @@ def store_system(settings: config_module.Store) -> str | None:
     return "sqlite" if settings.sqlite_path is not None else "redis"
 
 
-def open_store(settings: config_module.Store, metrics: Metrics, tracing: Tracing | None) -> ResponseStore | None:
+def open_store(settings: config_module.Store, metrics: Metrics, tracing: Tracing | None = None) -> ResponseStore | None:
     if settings.url == "none":
         return None
     path = settings.sqlite_path

@@ -42,9 +42,9 @@ async def create_response(request: web.Request) -> web.StreamResponse:
             compact.compactor(request, turn),
             stream=call.stream,
         )
+    first_chunk = None  # seconds to the first generated token, of a stream that had one
     try:
         async with turn.post(request) as exchange:
-            first_chunk = None
             if call.stream:
                 response, output, first_chunk = await _stream(request, turn, translator, exchange, started)
             else:
