@@ -341,15 +341,16 @@ class _Conversation:
 
     def _reasoning_text(self, item: Reasoning) -> str:
         """Reasoning in the clear if the client sent it; else sealed by this proxy (design.md
-        8.6); else its summary, which here is the same text."""
+        8.6); else its summary, which here is the same text. Once: a client that joined the
+        content and the summary it was sent (the same text) sends it doubled."""
         if item.content:
-            return "".join(part.text for part in item.content)
+            return _once("".join(part.text for part in item.content))
         if item.encrypted_content:
             opened = self._settings.sealer.open(item.encrypted_content) if self._settings.sealer else None
             if opened is not None:
                 return opened
             self._ignored.append("input:unreadable_encrypted_content")
-        return "".join(part.text for part in item.summary)
+        return _once("".join(part.text for part in item.summary))
 
     def _tool_call(self, call_id: str, name: str, arguments: str) -> None:
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
@@ -385,6 +386,21 @@ class _Conversation:
         if self._tool_images:
             self._messages.append({"role": "user", "content": self._tool_images})
             self._tool_images = []
+
+
+def _once(text: str) -> str:
+    """Reasoning sent back as two copies of one text (LlamaIndex joins a reasoning item's
+    content and its summary, which the proxy makes the same, design.md 8.5): that text, once."""
+    for joint in ("", "\n", "\n\n", " "):
+        half, odd = divmod(len(text) - len(joint), 2)
+        if (
+            half > 0
+            and not odd
+            and text[half : half + len(joint)] == joint
+            and text[:half] == text[half + len(joint) :]
+        ):
+            return text[:half]
+    return text
 
 
 def _summary(request: CreateResponse, settings: TranslationSettings) -> str | None:

@@ -422,3 +422,20 @@ def test_every_input_item_type_of_the_installed_sdk_is_read_dropped_or_refused_b
     one of the three on purpose; a new SDK release with a new type fails here first."""
     known = {struct.__struct_config__.tag for struct in typing.get_args(InputItem)}
     assert _item_types(union) - known - NO_CHAT_FORM - UNHONOURED_ITEMS.keys() == set()
+
+
+@pytest.mark.parametrize(
+    "reasoning",
+    [
+        pytest.param({"summary": [{"type": "summary_text", "text": "Paris is sunny today.\n\nParis is sunny today."}]}, id="summary-joined"),
+        pytest.param({"content": [{"type": "reasoning_text", "text": "Paris is sunny today."}] * 2}, id="content-twice"),
+        pytest.param({"summary": [{"type": "summary_text", "text": "Paris is sunny today."}], "content": [{"type": "reasoning_text", "text": "Paris is sunny today."}]}, id="both"),
+    ],
+)
+def test_reasoning_sent_back_with_its_summary_joined_is_replayed_once(reasoning: dict[str, Any]) -> None:
+    """A client that joins a reasoning item's content and summary (LlamaIndex), which the proxy
+    sends alike (design.md 8.5), sends the text twice: the model gets it once."""
+    items = [msg("user", "weather?"), {"type": "reasoning", **reasoning}, msg("assistant", "Sunny.")]
+    assert sent({"input": items})["messages"][1] == {"role": "assistant", "content": "Sunny.", "reasoning_content": "Paris is sunny today."}
+    different = [msg("user", "q"), {"type": "reasoning", "summary": [{"type": "summary_text", "text": "first half, then another"}]}, msg("assistant", "a")]
+    assert sent({"input": different})["messages"][1]["reasoning_content"] == "first half, then another"
