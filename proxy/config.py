@@ -65,12 +65,20 @@ class Dialect(msgspec.Struct, frozen=True):
     # The fewest alternatives asked of the upstream: llama-server sends no scores at all when
     # asked for none, so it needs 1 (the proxy drops what the client did not ask for, design.md 3.1).
     min_top_logprobs: int
+    # How the upstream counts a chat request's tokens (design.md 8.12): `chat` posts the chat
+    # request's messages to `tokenize_path` (SGLang's /v1/tokenize, vLLM's /tokenize, each with
+    # the chat template applied); `template` renders them with llama-server's /apply-template,
+    # then tokenizes that; None: it cannot.
+    tokenizer: Literal["chat", "template"] | None = None
+    tokenize_path: str = "/tokenize"
 
 
 DIALECTS = {
-    "sglang": Dialect(reasoning_field="reasoning_content", min_top_logprobs=0),
-    "vllm": Dialect(reasoning_field="reasoning", min_top_logprobs=0),
-    "llama.cpp": Dialect(reasoning_field="reasoning_content", min_top_logprobs=1),
+    "sglang": Dialect(
+        reasoning_field="reasoning_content", min_top_logprobs=0, tokenizer="chat", tokenize_path="/v1/tokenize"
+    ),
+    "vllm": Dialect(reasoning_field="reasoning", min_top_logprobs=0, tokenizer="chat"),
+    "llama.cpp": Dialect(reasoning_field="reasoning_content", min_top_logprobs=1, tokenizer="template"),
     "generic": Dialect(reasoning_field=None, min_top_logprobs=0),
 }
 
@@ -126,7 +134,8 @@ class Upstream(_Section, frozen=True):
         """The upstream's dialect, with what this upstream sets of it."""
         dialect = DIALECTS[self.dialect]
         field = dialect.reasoning_field if self.reasoning_field is None else self.reasoning_field
-        return Dialect(
+        return msgspec.structs.replace(
+            dialect,
             reasoning_field=None if field == "none" else field,
             min_top_logprobs=dialect.min_top_logprobs if self.min_top_logprobs is None else self.min_top_logprobs,
         )

@@ -139,6 +139,13 @@ class TooManyRequests(InvalidRequest):
     code = "rate_limit_exceeded"
 
 
+class NotImplementedHere(ProxyError):
+    """A call this proxy serves only with what its upstream lacks (design.md 8.12)."""
+
+    status = 501
+    code = "not_implemented"
+
+
 class StoreUnavailable(ProxyError):
     status = 503
     code = "store_unavailable"

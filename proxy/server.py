@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from .api import background, compact, endpoints, passthrough, responses, stored, ui, websocket
+from .api import background, compact, endpoints, input_tokens, passthrough, responses, stored, ui, websocket
 from .api.common import json_response
 from .appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
 from .config import Config, Connections
@@ -165,6 +165,7 @@ def create_app(config: Config) -> web.Application:
     app.on_response_prepare.append(_add_request_id)
     app.router.add_post("/v1/responses", responses.create_response)
     app.router.add_post("/v1/responses/compact", compact.compact)
+    app.router.add_post("/v1/responses/input_tokens", input_tokens.count)
     app.router.add_get("/v1/responses", websocket.responses_socket)
     app.router.add_get("/v1/responses/{id}", stored.retrieve)
     app.router.add_delete("/v1/responses/{id}", stored.delete)

@@ -317,6 +317,7 @@ class FakeUpstream:
     def __init__(self) -> None:
         self.requests: list[dict[str, Any]] = []
         self.headers: list[dict[str, str]] = []  # lower-cased names
+        self.tokenized: list[dict[str, Any]] = []  # the tokenizer requests, with their path
         self.disconnects = 0
         self.disconnected = asyncio.Event()
         self.active_streams = 0
@@ -341,6 +342,8 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", self._health)
+        for path in ("/v1/tokenize", "/tokenize"):  # SGLang's, vLLM's: the chat template applied
+            app.router.add_post(path, self._tokenize)
         # handler_cancellation: a client that goes away cancels its handler at once,
         # which is how a stalled stream learns about it.
         self._runner = web.AppRunner(app, handler_cancellation=True, shutdown_timeout=0.1)
@@ -362,6 +365,13 @@ class FakeUpstream:
 
     async def _health(self, _: web.Request) -> web.Response:
         return web.Response()
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        """A chat request's count: its words, and four tokens of template a message."""
+        body = await request.json()
+        self.tokenized.append({"path": request.path, **body})
+        words = sum(len(str(message.get("content") or "").split()) for message in body["messages"])
+        return web.json_response({"count": words + 4 * len(body["messages"]), "max_model_len": 32768})
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         if request.transport in self._spent:

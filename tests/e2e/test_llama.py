@@ -245,3 +245,15 @@ async def test_the_websocket_transport_and_compaction(start_proxy, http: aiohttp
         assert response["usage"]["output_tokens"] > len(stream.logprobs)  # the answer's and the summary's
         after = await plain(http, proxy, {"input": [item, {"role": "user", "content": "Say bye."}]})
         assert text_of(after) != ""
+
+
+async def test_input_tokens_are_counted_as_the_call_takes_them(start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 8.12 with a real server: llama-server renders the chat template
+    (/apply-template) and tokenizes it; the count is the prompt the call then reports."""
+    async with behind_the_proxy(start_proxy, "tools", IM_END, dialect="llama.cpp") as (proxy, _):
+        body = {"model": "m", "instructions": "Be brief.", "input": "Say hi to the tests.", "tools": [WEATHER]}
+        async with http.post(f"{proxy}/v1/responses/input_tokens", json=body) as counted:
+            assert counted.status == 200, await counted.text()
+            count = (await counted.json())["input_tokens"]
+        response = await plain(http, proxy, body)
+        assert count == response["usage"]["input_tokens"] > 0

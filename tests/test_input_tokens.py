@@ -1,0 +1,40 @@
+"""POST /v1/responses/input_tokens (design.md 8.12) through the real proxy with the openai SDK's
+`responses.input_tokens.count`: the upstream's tokenizer counts the chat request the call would
+send (SGLang's /v1/tokenize, vLLM's /tokenize), or a 501 says what the upstream lacks."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+from proxy.config import parse
+from tests.fake_upstream import FakeUpstream
+
+TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
+
+
+@pytest.mark.parametrize(("dialect", "path"), [("sglang", "/v1/tokenize"), ("vllm", "/tokenize")])
+async def test_the_upstreams_tokenizer_counts_the_chat_request(upstream: FakeUpstream, start_proxy, dialect: str, path: str) -> None:
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "dialect": dialect}], "store": {"url": "none"}}))
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        counted = await client.responses.input_tokens.count(
+            model="qwen3", instructions="Be brief.", input=[{"role": "user", "content": "what is the weather in Paris"}], tools=TOOLS  # type: ignore[list-item]
+        )
+    assert counted.object == "response.input_tokens"
+    (asked,) = upstream.tokenized
+    assert asked["path"] == path and asked["add_generation_prompt"] is True and asked["model"] == "qwen3"
+    assert asked["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "what is the weather in Paris"}]
+    assert asked["tools"][0]["function"]["name"] == "get_weather"  # as the chat request has them
+    assert counted.input_tokens == 2 + 6 + 4 * 2  # the fake's count: words, four a message
+    assert upstream.requests == []  # counted, not generated
+
+
+@pytest.mark.parametrize("dialect", ["generic", "llama.cpp"])
+async def test_an_upstream_without_a_tokenizer_is_a_501_naming_it(upstream: FakeUpstream, start_proxy, dialect: str) -> None:
+    """generic: none to ask; llama.cpp: the fake has no /apply-template (the real one is in make e2e)."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "dialect": dialect}]}))
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.responses.input_tokens.count(model="qwen3", input="hi")
+    assert refused.value.status_code == 501
+    assert "upstream u" in refused.value.message and refused.value.body["code"] == "not_implemented"
