@@ -15,8 +15,9 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -34,6 +35,16 @@ log = logging.getLogger("proxy.background")
 
 AsStored = Callable[[dict[str, Any]], StoredResponse]  # a Response as it is kept
 Post = Callable[[], AbstractAsyncContextManager[Exchange]]  # the upstream request, sent when entered
+
+
+@dataclass(frozen=True, slots=True)
+class Calls:
+    """What a run calls: its upstream request, its compaction after the answer (design.md
+    8.10), and its turn's end (its conversation, 9.7), given the response if it ended."""
+
+    post: Post
+    compactor: Compactor
+    ended: Callable[[dict[str, Any] | None], Awaitable[None]]
 
 
 def _stop(run: asyncio.Task[None]) -> None:
@@ -56,7 +67,7 @@ class BackgroundRuns:
         self.sweeper = asyncio.create_task(self._sweep())  # lives as long as the process
 
     async def start(
-        self, translator: ResponseTranslator, as_stored: AsStored, owner: str, post: Post, compactor: Compactor
+        self, translator: ResponseTranslator, as_stored: AsStored, owner: str, calls: Calls
     ) -> dict[str, Any]:
         """Take the lease within the caps (in all, and for this key: design.md 10.5), keep the
         queued response, run it; the queued response."""
@@ -82,7 +93,7 @@ class BackgroundRuns:
             with contextlib.suppress(StoreUnavailable):
                 await self._store.release(id)
             raise
-        self._runs[id] = asyncio.create_task(self._run(id, translator, as_stored, post, compactor))
+        self._runs[id] = asyncio.create_task(self._run(id, translator, as_stored, calls))
         self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
         return queued
 
@@ -103,17 +114,15 @@ class BackgroundRuns:
         if self._runs:
             await asyncio.wait(self._runs.values(), timeout=linger)
 
-    async def _run(
-        self, id: str, translator: ResponseTranslator, as_stored: AsStored, post: Post, compactor: Compactor
-    ) -> None:
+    async def _run(self, id: str, translator: ResponseTranslator, as_stored: AsStored, calls: Calls) -> None:
         events = _EventLog(self._store, id, translator, as_stored, self._settings.snapshot_interval)
         run = asyncio.current_task()
         assert run is not None
         keeper = asyncio.create_task(self._keep_lease(id, run))
         try:
             await events.write(translator.start())
-            async with post() as exchange:
-                await relay(translator, exchange, events, compactor)
+            async with calls.post() as exchange:
+                await relay(translator, exchange, events, calls.compactor)
         except ProxyError as error:  # the upstream refused, or could not be reached
             await events.write(translator.fail(error))
         except asyncio.CancelledError:
@@ -127,6 +136,10 @@ class BackgroundRuns:
             if await events.close(self._settings.lease):
                 with contextlib.suppress(StoreUnavailable):
                     await self._store.release(id)
+            try:
+                await calls.ended(translator.response)
+            except ProxyError as error:  # the response is kept; its conversation did not take it
+                log.error("background response %s was not added to its conversation: %s", id, error.message)
 
     async def _keep_lease(self, id: str, run: asyncio.Task[None]) -> None:
         """Renew the lease; stop the run when a client cancels it or the lease went to

@@ -122,6 +122,13 @@ class UnsupportedMediaType(InvalidRequest):
     code = "unsupported_media_type"
 
 
+class Conflict(InvalidRequest):
+    """A conversation another response or request is writing to (design.md 9.7)."""
+
+    status = 409
+    code = "conversation_locked"
+
+
 class UnprocessableEntity(InvalidRequest):
     status = 422
 

@@ -12,7 +12,18 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 
-from .api import background, compact, endpoints, input_tokens, passthrough, responses, stored, ui, websocket
+from .api import (
+    background,
+    compact,
+    conversations,
+    endpoints,
+    input_tokens,
+    passthrough,
+    responses,
+    stored,
+    ui,
+    websocket,
+)
 from .api.common import json_response
 from .appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
 from .config import Config, Connections
@@ -171,6 +182,14 @@ def create_app(config: Config) -> web.Application:
     app.router.add_delete("/v1/responses/{id}", stored.delete)
     app.router.add_get("/v1/responses/{id}/input_items", stored.input_items)
     app.router.add_post("/v1/responses/{id}/cancel", background.cancel)
+    app.router.add_post("/v1/conversations", conversations.create)
+    app.router.add_get("/v1/conversations/{id}", conversations.retrieve)
+    app.router.add_post("/v1/conversations/{id}", conversations.update)
+    app.router.add_delete("/v1/conversations/{id}", conversations.delete)
+    app.router.add_get("/v1/conversations/{id}/items", conversations.list_items)
+    app.router.add_post("/v1/conversations/{id}/items", conversations.add_items)
+    app.router.add_get("/v1/conversations/{id}/items/{item_id}", conversations.retrieve_item)
+    app.router.add_delete("/v1/conversations/{id}/items/{item_id}", conversations.delete_item)
     app.router.add_post("/v1/chat/completions", passthrough.forward)
     app.router.add_post("/v1/completions", passthrough.forward)
     app.router.add_get("/v1/models", endpoints.models)

@@ -10,9 +10,8 @@ import orjson
 from aiohttp import web
 
 from ..appkeys import OWNER, RUNTIME
-from ..background import AsStored, BackgroundRuns, Post
+from ..background import AsStored, BackgroundRuns, Calls
 from ..errors import InvalidRequest
-from ..relay import Compactor
 from ..responses.lifecycle import DONE, RUNNING, is_terminal, running
 from ..responses.translate import ResponseTranslator
 from .common import find_stored, json_response
@@ -29,19 +28,13 @@ def runs_of(request: web.Request) -> BackgroundRuns:
 
 
 async def start(
-    request: web.Request,
-    translator: ResponseTranslator,
-    as_stored: AsStored | None,
-    post: Post,
-    compactor: Compactor,
-    *,
-    stream: bool,
+    request: web.Request, translator: ResponseTranslator, as_stored: AsStored | None, calls: Calls, *, stream: bool
 ) -> web.StreamResponse:
     """`as_stored`: how the response is kept; None for one that is not (`store: false`)."""
     runs = runs_of(request)
     if as_stored is None:
         raise InvalidRequest("A background response is stored: it cannot have store: false.", param="store")
-    queued = await runs.start(translator, as_stored, request[OWNER], post, compactor)
+    queued = await runs.start(translator, as_stored, request[OWNER], calls)
     return await follow(request, queued["id"], -1) if stream else json_response(queued)
 
 

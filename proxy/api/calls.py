@@ -27,6 +27,7 @@ from ..store import StoredResponse
 from ..upstream.affinity import Session
 from ..upstream.client import Exchange, UpstreamClient
 from .common import find_target, upstream_headers
+from .conversations import Held, hold
 from .stored import History, read_history, stored_form
 
 log = logging.getLogger("proxy")
@@ -43,7 +44,9 @@ def call_session(request: web.Request, past: History) -> Session:
     served that one."""
     previous = past.previous
     header = from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers)
-    key = response_session(past.request, header, previous.session if previous else None)
+    # A conversation is a session of its own; a chain goes on in the session it began in.
+    chained = past.request.conversation_id or (previous.session if previous else None)
+    key = response_session(past.request, header, chained)
     return Session(key, previous.replica if previous is not None and previous.session == key else None)
 
 
@@ -76,6 +79,28 @@ class Turn:
     session: Session | None
     keep: Keep  # before the terminal event leaves (design.md 9.2)
     stored_as: AsStored | None  # how the store keeps the response; None: it does not
+    conversation: Held | None = None  # the conversation it writes to, held until it ends (9.7)
+    stored_form: AsStored | None = None  # the response as kept anywhere: the store, a connection, a conversation
+
+    async def release(self) -> None:
+        """The turn is over, however it ended: its conversation is let go."""
+        if self.conversation is not None:
+            await self.conversation.release()
+
+    async def end(self, response: dict[str, Any] | None) -> None:
+        """A background run's end (design.md 10): its response, if it ended, added to its
+        conversation, which is let go."""
+        try:
+            if response is not None:
+                await self.add_to_conversation(response)
+        finally:
+            await self.release()
+
+    async def add_to_conversation(self, response: dict[str, Any]) -> None:
+        """The turn's input and output added to its conversation (design.md 9.7)."""
+        if self.conversation is not None and self.stored_form is not None:
+            own = orjson.loads(bytes(self.stored_form(response).input_items))
+            await self.conversation.append([*own, *response["output"]])
 
     def translator(self, request: web.Request) -> ResponseTranslator:
         # A background run keeps its events even when its client asked for none (design.md 10.2).
@@ -101,9 +126,12 @@ async def plan_turn(
     data: Any,
     kept: Mapping[str, StoredResponse] | None = None,
     keep_here: Callable[[StoredResponse], None] | None = None,
+    *,
+    writes: bool = True,
 ) -> Turn:
     """Parse, route, read the history and plan a call. `kept` and `keep_here`: the responses of
-    a WebSocket connection, read as history and added to (design.md 8.9)."""
+    a WebSocket connection, read as history and added to (design.md 8.9). A call that `writes`
+    (its response ends a turn) holds its conversation until `Turn.release`."""
     runtime = request.app[RUNTIME]
     parsed = parse_request(data)
     fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
@@ -114,10 +142,14 @@ async def plan_turn(
     call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
     _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
     session = call_session(request, past) if client.keyed else None
-    as_stored = stored_form(request, data, past, session) if stored or keep_here is not None else None
+    written = past.conversation if writes else None
+    kept_anywhere = stored or keep_here is not None or written is not None
+    as_stored = stored_form(request, data, past, session) if kept_anywhere else None
     if runtime.tracing is not None:
         conversation = (session or call_session(request, past)).key  # gen_ai.conversation.id: the session
         runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation)
+
+    held = (await hold(request, written.id))[0] if written is not None else None
 
     async def keep(response: dict[str, Any]) -> None:
         if as_stored is None:
@@ -125,14 +157,16 @@ async def plan_turn(
         kept_form = as_stored(response)
         if store is not None and stored:
             await store.save(kept_form)  # read from the store again, which a delete reaches
-        elif keep_here is not None:
+        elif keep_here is not None and held is None:
             # Kept whole, its chain's items with its own: a connection keeps a few responses, and
             # a chain of any length continues from the last (design.md 8.9).
             own = orjson.loads(bytes(kept_form.input_items))
             whole = msgspec.Raw(orjson.dumps([*past.chain, *own]))
             keep_here(msgspec.structs.replace(kept_form, input_items=whole, ancestors=[]))
+        await turn.add_to_conversation(response)
 
-    return Turn(past, call, target, client, session, keep, as_stored if stored else None)
+    turn = Turn(past, call, target, client, session, keep, as_stored if stored else None, held, as_stored)
+    return turn
 
 
 def log_failure(request: web.Request, error: ProxyError | None) -> None:

@@ -47,7 +47,7 @@ async def compact(request: web.Request) -> web.Response:
     data = load_json(await read_body(request), runtime.config.requests.max_depth)
     if isinstance(data, dict):  # what the call answers decides these (a summary, not kept)
         data = {**data, "stream": False, "store": False, "background": False, "include": None}
-    turn = await plan_turn(request, data)
+    turn = await plan_turn(request, data, writes=False)
     summary, usage = await _summarised(request, turn)
     users = [_kept(item) for item in turn.past.request.items() if isinstance(item, Message) and item.role == "user"]
     item = compaction.compaction_item(summary, runtime.sealer, new_id)

@@ -21,7 +21,7 @@ async def count(request: web.Request) -> web.Response:
     data = load_json(await read_body(request), request.app[RUNTIME].config.requests.max_depth)
     if isinstance(data, dict):  # counted, never answered, kept or run
         data = {**data, "stream": False, "store": False, "background": False}
-    turn = await plan_turn(request, data)
+    turn = await plan_turn(request, data, writes=False)
     return json_response({"object": "response.input_tokens", "input_tokens": await _counted(request, turn)})
 
 

@@ -9,6 +9,7 @@ from typing import Any
 from aiohttp import web
 
 from ..appkeys import MODEL_PATTERN, RUNTIME
+from ..background import Calls
 from ..errors import ProxyError
 from ..metrics import Metrics
 from ..relay import compacted, relay
@@ -29,19 +30,27 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     data = load_json(await read_body(request), request.app[RUNTIME].config.requests.max_depth)
     turn = await plan_turn(request, data)
+    if turn.call.background:
+        # The run ends the turn, its conversation's hold with it (design.md 9.7).
+        calls = Calls(lambda: turn.post(request), compact.compactor(request, turn), turn.end)
+        try:
+            return await background.start(
+                request, turn.translator(request), turn.stored_as, calls, stream=turn.call.stream
+            )
+        except BaseException:
+            await turn.release()
+            raise
+    try:
+        return await _answered(request, turn, started)
+    finally:
+        await turn.release()
+
+
+async def _answered(request: web.Request, turn: Turn, started: float) -> web.StreamResponse:
     call, keep = turn.call, turn.keep
     if compaction.triggered(turn.past.request):
         return await compact.compaction_turn(request, turn)
     translator = turn.translator(request)
-    if call.background:
-        return await background.start(
-            request,
-            translator,
-            turn.stored_as,
-            lambda: turn.post(request),
-            compact.compactor(request, turn),
-            stream=call.stream,
-        )
     first_chunk = None  # seconds to the first generated token, of a stream that had one
     try:
         async with turn.post(request) as exchange:

@@ -17,7 +17,7 @@ from ..errors import InvalidRequest, NotFound
 from ..responses import history
 from ..responses.lifecycle import new_id, running
 from ..responses.schema import CreateResponse
-from ..store import StoredResponse
+from ..store import StoredConversation, StoredResponse
 from ..upstream.affinity import Session
 from . import background
 from .common import find_stored, json_response, store_of
@@ -35,6 +35,7 @@ class History:
     referenced: dict[str, dict[str, Any]]
     previous: StoredResponse | None = None  # the response it continues
     chain: list[dict[str, Any]] = field(default_factory=list)  # the chain's items, oldest first
+    conversation: StoredConversation | None = None  # the conversation it is made in (design.md 9.7)
 
 
 async def read_history(
@@ -44,6 +45,8 @@ async def read_history(
     responses of a WebSocket connection, design.md 8.9); an unknown previous response or
     reference is a 400 naming the field (design.md 9.4)."""
     previous_id, wanted = parsed.previous_response_id, history.references(parsed)
+    if parsed.conversation_id is not None:
+        return await _conversation_history(request, parsed, parsed.conversation_id, wanted)
     if previous_id is None and not wanted:
         return History(parsed, [], {})
     kept = kept or {}
@@ -80,6 +83,20 @@ async def read_history(
     referenced = {id: orjson.loads(item) for id, item in found_items.items()}
     items = history.chain_items([(bytes(stored.input_items), bytes(stored.response)) for stored in chain])
     return History(history.expand(parsed, items, referenced), ancestors, referenced, previous, items)
+
+
+async def _conversation_history(request: web.Request, parsed: CreateResponse, id: str, wanted: list[str]) -> History:
+    """A request made with `conversation`: the conversation's items before its own input."""
+    if request.app[RUNTIME].store is None:
+        raise InvalidRequest("This proxy keeps no conversations (store: none).", param="conversation")
+    store, owner = store_of(request), request[OWNER]
+    found = await store.conversation(id, owner)
+    if found is None:
+        raise InvalidRequest(f"Conversation with id '{id}' not found.", param="conversation")
+    found_items = await store.items(wanted, owner) if wanted else {}
+    referenced = {item_id: orjson.loads(item) for item_id, item in found_items.items()}
+    items = [orjson.loads(bytes(item)) for item in found.items]
+    return History(history.expand(parsed, items, referenced), [], referenced, None, items, found)
 
 
 def stored_form(request: web.Request, data: dict[str, Any], past: History, session: Session | None) -> AsStored:
@@ -147,7 +164,7 @@ async def delete(request: web.Request) -> web.Response:
 async def listed(request: web.Request) -> web.Response:
     """GET /v1/responses, an extension (OpenAI lists no responses): the key's stored responses,
     newest first, paged by `after` (a response id) and `limit` (design.md 9.3)."""
-    limit, after = _limit(request), request.query.get("after")
+    limit, after = page_limit(request), request.query.get("after")
     found = await store_of(request).recent(request[OWNER], after, limit + 1)
     if found is None:
         raise InvalidRequest(f"No response with id '{after}'.", param="after")
@@ -164,7 +181,7 @@ async def listed(request: web.Request) -> web.Response:
     )
 
 
-def _limit(request: web.Request) -> int:
+def page_limit(request: web.Request) -> int:
     try:
         limit = int(request.query.get("limit", "20"))
     except ValueError:
@@ -180,7 +197,7 @@ async def input_items(request: web.Request) -> web.Response:
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidRequest("'order' must be asc or desc.", param="order")
-    limit = _limit(request)
+    limit = page_limit(request)
     items = orjson.loads(bytes(stored.input_items))
     return json_response(
         history.page(items, order=order, after=query.get("after"), before=query.get("before"), limit=limit)

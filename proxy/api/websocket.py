@@ -103,15 +103,18 @@ class _Connection:
             if not isinstance(frame, dict) or frame.get("type") != "response.create":
                 raise InvalidRequest("Send `response.create` frames.", param="type")
             body = {key: value for key, value in frame.items() if key not in ("type", "generate")}
-            turn = await plan_turn(request, {**body, "stream": True}, self._kept, self._keep_here)
-            if turn.call.background:
+            if body.get("background"):
                 raise InvalidRequest("A background response is made over HTTP, not on a WebSocket.", param="background")
-            if frame.get("generate") is False:
-                await self._prepared(turn)
-            elif compaction.triggered(turn.past.request):
-                await self.send_events(whole_stream(await compacted_turn(request, turn)), turn)
-            else:
-                await self._generated(turn)
+            turn = await plan_turn(request, {**body, "stream": True}, self._kept, self._keep_here)
+            try:
+                if frame.get("generate") is False:
+                    await self._prepared(turn)
+                elif compaction.triggered(turn.past.request):
+                    await self.send_events(whole_stream(await compacted_turn(request, turn)), turn)
+                else:
+                    await self._generated(turn)
+            finally:
+                await turn.release()
         except ProxyError as error:
             log_failure(request, error)
             await self._send_error(error.for_client(request[REQUEST_ID]))

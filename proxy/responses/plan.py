@@ -446,6 +446,7 @@ def _echo(
         "user": request.user,
         "safety_identifier": request.safety_identifier,
         "prompt_cache_key": request.prompt_cache_key,
+        "conversation": None if request.conversation_id is None else {"id": request.conversation_id},
     }
 
 

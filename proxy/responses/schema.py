@@ -271,6 +271,10 @@ class ReasoningConfig(msgspec.Struct):
             self.summary = self.generate_summary
 
 
+class ConversationRef(msgspec.Struct):
+    id: Annotated[str, msgspec.Meta(min_length=1)]
+
+
 class ContextManagement(msgspec.Struct):
     """An entry of `context_management`: `compaction` at a token threshold (design.md 8.10);
     another type is ignored and counted, since it cannot change this turn's tokens."""
@@ -320,9 +324,14 @@ class CreateResponse(msgspec.Struct):
     previous_response_id: str | None = None
     background: bool | None = None
     context_management: list[ContextManagement] | None = None
-    # Accepted so that the refusal below can name them; the proxy cannot honour them.
+    # Its items are the history, and its input and output are added to it (design.md 9.7).
+    conversation: Annotated[str, msgspec.Meta(min_length=1)] | ConversationRef | None = None
+    # Accepted so that the refusal below can name it; the proxy cannot honour it.
     prompt: Any = None
-    conversation: Any = None
+
+    @property
+    def conversation_id(self) -> str | None:
+        return self.conversation.id if isinstance(self.conversation, ConversationRef) else self.conversation
 
     def items(self) -> list[InputItem]:
         """The input as items: a string is one user message."""
@@ -442,18 +451,14 @@ def _validation_error(text: str) -> InvalidRequest:
 
 
 def _refuse_unsupported(request: CreateResponse) -> None:
-    if request.input is None and request.previous_response_id is None:
+    if request.input is None and request.previous_response_id is None and request.conversation is None:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
-    for param, value in (
-        ("prompt", request.prompt),
-        ("conversation", request.conversation),
-    ):
-        if value is not None:
-            raise InvalidRequest(
-                f"'{param}' is not supported by this proxy.",
-                param=param,
-                code="unsupported_parameter",
-            )
+    if request.prompt is not None:
+        raise InvalidRequest("'prompt' is not supported by this proxy.", param="prompt", code="unsupported_parameter")
+    if request.conversation is not None and request.previous_response_id is not None:
+        raise InvalidRequest(
+            "Give 'conversation' or 'previous_response_id', not both: each names the history.", param="conversation"
+        )
     if request.stream_options is not None and not request.stream:
         raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     choice = request.tool_choice

@@ -21,9 +21,9 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from ..errors import StoreUnavailable
-from .backend import Backend, Event, Renewal, Runs, StoredResponse
+from .backend import Backend, Event, Renewal, Runs, StoredConversation, StoredResponse
 
-__all__ = ["CapReached", "ResponseStore", "Runs", "StoredResponse", "owner_of"]
+__all__ = ["CapReached", "ResponseStore", "Runs", "StoredConversation", "StoredResponse", "owner_of"]
 
 log = logging.getLogger("proxy.store")
 T = TypeVar("T")
@@ -173,6 +173,23 @@ class ResponseStore:
 
     async def close(self) -> None:
         await self.backend.close()
+
+    # -- conversations (design.md 9.7) -----------------------------------------------------
+
+    async def conversation(self, id: str, owner: str) -> StoredConversation | None:
+        return await self._guard("conversation", self.backend.conversation(id, owner))
+
+    async def keep_conversation(self, conversation: StoredConversation) -> None:
+        await self._guard("keep_conversation", self.backend.keep_conversation(conversation))
+
+    async def forget_conversation(self, id: str, owner: str) -> bool:
+        return await self._guard("forget_conversation", self.backend.forget_conversation(id, owner))
+
+    async def hold(self, id: str, holder: str, seconds: float) -> bool:
+        return await self._guard("hold", self.backend.hold(id, holder, seconds))
+
+    async def let_go(self, id: str, holder: str) -> None:
+        await self._guard("let_go", self.backend.let_go(id, holder))
 
     # -- a background response's events (design.md 10.2) ---------------------------------
 

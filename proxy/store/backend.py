@@ -1,7 +1,7 @@
-"""What a store backend is (design.md 9.6): three small protocols, records, an event log and
-leases, over the types they exchange. A backend implements the three and nothing else: time
-limits, failures, the wait for new events and the hand-off of events within one process are
-`ResponseStore`'s, the same for every backend."""
+"""What a store backend is (design.md 9.6): four small protocols, records, an event log,
+leases and conversations, over the types they exchange. A backend implements the four and
+nothing else: time limits, failures, the wait for new events and the hand-off of events within
+one process are `ResponseStore`'s, the same for every backend."""
 
 from __future__ import annotations
 
@@ -32,6 +32,21 @@ class StoredResponse(msgspec.Struct, gc=False):
 
 encode_stored = msgspec.json.Encoder().encode
 decode_stored = msgspec.json.Decoder(StoredResponse).decode
+
+
+class StoredConversation(msgspec.Struct, gc=False):
+    """A conversation as kept (design.md 9.7): whose key made it, its metadata, and its items
+    in order, each the JSON of an item with its id."""
+
+    id: str
+    owner: str
+    created_at: int
+    metadata: dict[str, str] = {}
+    items: list[msgspec.Raw] = []
+
+
+encode_conversation = msgspec.json.Encoder().encode
+decode_conversation = msgspec.json.Decoder(StoredConversation).decode
 
 
 class _ItemId(msgspec.Struct):
@@ -157,5 +172,31 @@ class Leases(Protocol):
         ...
 
 
-class Backend(Records, EventLog, Leases, Protocol):
+class Conversations(Protocol):
+    """Conversations, each kept whole (design.md 9.7), and the hold that lets one writer at a
+    time change one."""
+
+    async def conversation(self, id: str, owner: str) -> StoredConversation | None:
+        """The owner's conversation; what expired is never answered."""
+        ...
+
+    async def keep_conversation(self, conversation: StoredConversation) -> None:
+        """Write it whole, its time to live started again; its hold stays as it is."""
+        ...
+
+    async def forget_conversation(self, id: str, owner: str) -> bool:
+        """Whether the owner's conversation was there to delete."""
+        ...
+
+    async def hold(self, id: str, holder: str, seconds: float) -> bool:
+        """Take the conversation's hold for `seconds`: when no one holds it, its holder's hold
+        ran out, or `holder` has it already (then it runs `seconds` from now); one holder wins."""
+        ...
+
+    async def let_go(self, id: str, holder: str) -> None:
+        """Give the hold back, if `holder` still has it."""
+        ...
+
+
+class Backend(Records, EventLog, Leases, Conversations, Protocol):
     async def close(self) -> None: ...

@@ -13,7 +13,19 @@ from typing import TypeVar, cast
 import msgspec
 from redis.asyncio import Redis
 
-from .backend import Claim, Event, Renewal, Runs, StoredResponse, decode_stored, encode_stored, referable_items
+from .backend import (
+    Claim,
+    Event,
+    Renewal,
+    Runs,
+    StoredConversation,
+    StoredResponse,
+    decode_conversation,
+    decode_stored,
+    encode_conversation,
+    encode_stored,
+    referable_items,
+)
 
 log = logging.getLogger("proxy.store")
 T = TypeVar("T")
@@ -93,6 +105,23 @@ redis.call('EXPIRE', KEYS[1], ARGV[1])
 """
 
 
+# A conversation's hold (KEYS[1]): taken when free or already the holder's (ARGV[1]), for
+# ARGV[2] ms; given back only by its holder.
+_HOLD = """
+local held = redis.call('GET', KEYS[1])
+if held and held ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+_LET_GO = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+end
+"""
+
+
 class _ItemEntry(msgspec.Struct):
     response_id: str
     item: msgspec.Raw
@@ -118,6 +147,8 @@ class RedisBackend:
         self._take = self._redis.register_script(_TAKE)
         self._append = self._redis.register_script(_APPEND)
         self._put = self._redis.register_script(_PUT)
+        self._hold = self._redis.register_script(_HOLD)
+        self._let_go = self._redis.register_script(_LET_GO)
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
@@ -132,6 +163,9 @@ class RedisBackend:
     @property
     def _index(self) -> str:
         return f"{self._prefix}responses"
+
+    def _conversation_key(self, id: str) -> str:
+        return f"{self._prefix}conversation:{id}"
 
     def _owned(self, owner: str) -> str:
         return f"{self._prefix}owned:{owner}"
@@ -212,6 +246,29 @@ class RedisBackend:
         await self._redis.zrem(self._index, id)
         await self._redis.zrem(self._owned(stored.owner), id)
         return True
+
+    async def conversation(self, id: str, owner: str) -> StoredConversation | None:
+        data = await self._redis.get(self._conversation_key(id))
+        found = None if data is None else decode_conversation(data)
+        return found if found is not None and found.owner == owner else None
+
+    async def keep_conversation(self, conversation: StoredConversation) -> None:
+        await self._redis.set(self._conversation_key(conversation.id), encode_conversation(conversation), ex=self._ttl)
+
+    async def forget_conversation(self, id: str, owner: str) -> bool:
+        if await self.conversation(id, owner) is None:
+            return False
+        await self._redis.delete(self._conversation_key(id), f"{self._conversation_key(id)}:hold")
+        return True
+
+    async def hold(self, id: str, holder: str, seconds: float) -> bool:
+        taken = await self._hold(
+            keys=[f"{self._conversation_key(id)}:hold"], args=[holder, max(1, round(seconds * 1000))]
+        )
+        return bool(taken)
+
+    async def let_go(self, id: str, holder: str) -> None:
+        await self._let_go(keys=[f"{self._conversation_key(id)}:hold"], args=[holder])
 
     async def append(self, id: str, events: list[Event]) -> None:
         await self._append(

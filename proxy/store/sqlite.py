@@ -11,7 +11,19 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TypeVar
 
-from .backend import Claim, Event, Renewal, Runs, StoredResponse, decode_stored, encode_stored, referable_items
+from .backend import (
+    Claim,
+    Event,
+    Renewal,
+    Runs,
+    StoredConversation,
+    StoredResponse,
+    decode_conversation,
+    decode_stored,
+    encode_conversation,
+    encode_stored,
+    referable_items,
+)
 
 T = TypeVar("T")
 
@@ -30,6 +42,10 @@ CREATE INDEX IF NOT EXISTS items_by_response ON items (response_id);
 CREATE TABLE IF NOT EXISTS events (
     response_id TEXT NOT NULL, seq INTEGER NOT NULL, expires_at REAL NOT NULL, event BLOB NOT NULL,
     PRIMARY KEY (response_id, seq)
+);
+CREATE TABLE IF NOT EXISTS conversations (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL, record BLOB NOT NULL,
+    holder TEXT, held_until REAL NOT NULL DEFAULT 0
 );
 CREATE TABLE IF NOT EXISTS runs (
     response_id TEXT PRIMARY KEY, owner TEXT NOT NULL, holder TEXT NOT NULL, lease_until REAL NOT NULL,
@@ -143,6 +159,34 @@ class SQLiteBackend:
     async def expired(self) -> list[tuple[str, str]]:
         return await self._run(self._expired)
 
+    async def conversation(self, id: str, owner: str) -> StoredConversation | None:
+        return await self._run(self._conversation, id, owner)
+
+    async def keep_conversation(self, conversation: StoredConversation) -> None:
+        expires = time.time() + self._ttl
+        await self._run(
+            self._write,
+            "INSERT INTO conversations (id, owner, expires_at, record) VALUES (?, ?, ?, ?) "
+            "ON CONFLICT (id) DO UPDATE SET expires_at = excluded.expires_at, record = excluded.record",
+            (conversation.id, conversation.owner, expires, encode_conversation(conversation)),
+        )
+
+    async def forget_conversation(self, id: str, owner: str) -> bool:
+        return await self._run(self._write, "DELETE FROM conversations WHERE id = ? AND owner = ?", (id, owner)) > 0
+
+    async def hold(self, id: str, holder: str, seconds: float) -> bool:
+        now = time.time()
+        taken = await self._run(
+            self._write,
+            "UPDATE conversations SET holder = ?, held_until = ? "
+            "WHERE id = ? AND (holder IS NULL OR holder = ? OR held_until < ?)",
+            (holder, now + seconds, id, holder, now),
+        )
+        return taken > 0
+
+    async def let_go(self, id: str, holder: str) -> None:
+        await self._run(self._write, "UPDATE conversations SET holder = NULL WHERE id = ? AND holder = ?", (id, holder))
+
     async def _run(self, work: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, work, *args)
 
@@ -191,6 +235,7 @@ class SQLiteBackend:
                 "DELETE FROM items WHERE expires_at < ? OR response_id NOT IN (SELECT id FROM responses)", (now,)
             )
             db.execute("DELETE FROM events WHERE expires_at < ?", (now,))
+            db.execute("DELETE FROM conversations WHERE expires_at < ?", (now,))
 
     def _get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         marks = ",".join("?" * len(ids))
@@ -218,6 +263,17 @@ class SQLiteBackend:
             (owner, now, *cursor, limit),
         )
         return [decode_stored(row[0]) for row in rows]
+
+    def _conversation(self, id: str, owner: str) -> StoredConversation | None:
+        found = (
+            self._connection()
+            .execute(
+                "SELECT record FROM conversations WHERE id = ? AND owner = ? AND expires_at >= ?",
+                (id, owner, time.time()),
+            )
+            .fetchone()
+        )
+        return None if found is None else decode_conversation(found[0])
 
     def _items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         marks = ",".join("?" * len(ids))

@@ -10,6 +10,7 @@ import openai
 from agents import (
     Agent,
     ModelSettings,
+    OpenAIConversationsSession,
     OpenAIResponsesCompactionSession,
     OpenAIResponsesModel,
     OpenAIResponsesWSModel,
@@ -148,3 +149,38 @@ async def test_context_management_in_the_model_settings(upstream: FakeUpstream, 
     assert [item.type for item in result.raw_responses[0].output] == ["function_call", "compaction"]
     second = next(r for r in upstream.requests if any(m["role"] == "tool" for m in r["messages"]))
     assert {"role": "user", "content": HEAD + "A summary."} in second["messages"], second
+
+
+async def test_a_conversations_session_keeps_the_history_in_the_proxy(upstream: FakeUpstream, proxy: str) -> None:
+    """design.md 9.7: `OpenAIConversationsSession` makes a conversation, reads its items before
+    each run and adds the run's; the second run's model sees the first."""
+    script(upstream, answers(ANSWER), answers(ANSWER))
+    set_tracing_disabled(True)
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
+        agent = weather_agent(OpenAIResponsesModel(model="qwen3", openai_client=client))
+        session = OpenAIConversationsSession(openai_client=client)
+        await Runner.run(agent, "What is the weather in Paris?", session=session)
+        second = await Runner.run(agent, "And in Rome?", session=session)
+        items = await client.conversations.items.list(await session._get_session_id(), order="asc")
+
+    assert second.final_output == ANSWER
+    said = [m["content"] for m in upstream.requests[-1]["messages"] if m["role"] != "system"]
+    assert said == ["What is the weather in Paris?", ANSWER, "And in Rome?"]
+    assert len(items.data) == 4
+
+
+async def test_runs_on_a_server_conversation(upstream: FakeUpstream, proxy: str) -> None:
+    """design.md 9.7: `Runner.run(..., conversation_id=...)` sends only the new input with
+    `conversation`; the proxy reads the history from it and adds each run's items."""
+    script(upstream, calls("weather", {"city": "Paris"}, "call_w"), answers(ANSWER))
+    set_tracing_disabled(True)
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
+        conversation = await client.conversations.create()
+        agent = weather_agent(OpenAIResponsesModel(model="qwen3", openai_client=client))
+        result = await Runner.run(agent, "What is the weather in Paris?", conversation_id=conversation.id)
+        items = await client.conversations.items.list(conversation.id, order="asc")
+
+    assert result.final_output == ANSWER
+    _, tool = tool_round(upstream)  # the tool round rebuilt from the conversation
+    assert tool["content"] == "21C in Paris"
+    assert [item.type for item in items.data] == ["message", "function_call", "function_call_output", "message"]

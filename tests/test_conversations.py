@@ -1,0 +1,129 @@
+"""The Conversations API (design.md 9.7) through the real proxy, on both backends (a SQLite file,
+a real Redis), with the openai SDK's conversations client: a conversation and its items, owned by
+the key; responses made in it read its items and add their input and output, streamed, not and
+in the background; one writer at a time (a 409 for the second); its id is the session key."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+
+from proxy.config import parse
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
+
+
+def answer(text: str) -> Generation:
+    return Generation([Step("text", text), Step("finish", finish_reason="stop")])
+
+
+@pytest.fixture
+async def proxy_url(upstream: FakeUpstream, start_proxy, store: dict[str, Any]) -> str:
+    # The session header names a call's session key upstream: a conversation's is its id.
+    upstreams = [{"name": "u", "urls": [upstream.url], "session_header": "x-session-id"}]
+    config = {"upstreams": upstreams, "store": store, "auth": {"api_keys": ["key-a", "key-b"]}}
+    return await start_proxy(parse(config))
+
+
+def client(url: str, key: str = "key-a") -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=10)
+
+
+async def test_a_conversation_and_its_items(proxy_url: str) -> None:
+    async with client(proxy_url) as sdk, client(proxy_url, "key-b") as other:
+        made = await sdk.conversations.create(metadata={"topic": "weather"}, items=[{"type": "message", "role": "user", "content": "Hi"}])
+        assert made.object == "conversation" and made.metadata == {"topic": "weather"}
+        assert (await sdk.conversations.retrieve(made.id)).id == made.id
+        updated = await sdk.conversations.update(made.id, metadata={"topic": "rain"})
+        assert updated.metadata == {"topic": "rain"}
+        added = await sdk.conversations.items.create(made.id, items=[{"type": "message", "role": "assistant", "content": "Hello"}, {"type": "message", "role": "user", "content": "Rain?"}])
+        assert len(added.data) == 2
+        listed = await sdk.conversations.items.list(made.id, order="asc")
+        assert [item.content[0].text for item in listed.data] == ["Hi", "Hello", "Rain?"]  # type: ignore[union-attr]
+        page = await sdk.conversations.items.list(made.id, limit=1)  # newest first by default
+        assert page.data[0].content[0].text == "Rain?" and page.has_more  # type: ignore[union-attr]
+        first = listed.data[0].id  # type: ignore[union-attr]
+        assert (await sdk.conversations.items.retrieve(first, conversation_id=made.id)).id == first
+        await sdk.conversations.items.delete(first, conversation_id=made.id)
+        assert len((await sdk.conversations.items.list(made.id)).data) == 2
+        with pytest.raises(openai.NotFoundError):  # the key's own, as responses are
+            await other.conversations.retrieve(made.id)
+        deleted = await sdk.conversations.delete(made.id)
+        assert deleted.deleted is True
+        with pytest.raises(openai.NotFoundError):
+            await sdk.conversations.retrieve(made.id)
+
+
+@pytest.mark.parametrize("mode", ["plain", "stream", "background"])
+async def test_responses_in_a_conversation_read_it_and_add_to_it(upstream: FakeUpstream, proxy_url: str, mode: str) -> None:
+    upstream.script(Reply(answer("Sunny.")), Reply(answer("Yes, all day.")))
+    async with client(proxy_url) as sdk:
+        conversation = await sdk.conversations.create(items=[{"type": "message", "role": "system", "content": "Be brief."}])
+
+        async def turn(text: str) -> Any:
+            if mode == "stream":
+                async with sdk.responses.stream(model="m", input=text, conversation=conversation.id) as events:
+                    return await events.get_final_response()
+            made = await sdk.responses.create(model="m", input=text, conversation=conversation.id, background=mode == "background")
+            async with asyncio.timeout(10):
+                while made.status in ("queued", "in_progress"):
+                    await asyncio.sleep(0.05)
+                    made = await sdk.responses.retrieve(made.id)
+            return made
+
+        first = await turn("Weather in Paris?")
+        assert first.conversation is not None and first.conversation.id == conversation.id
+        second = await turn("All day?")
+        assert second.output_text == "Yes, all day."
+        items = (await sdk.conversations.items.list(conversation.id, order="asc")).data
+    said = [(m["role"], m["content"]) for m in upstream.requests[-1]["messages"]]
+    assert said == [("system", "Be brief."), ("user", "Weather in Paris?"), ("assistant", "Sunny."), ("user", "All day?")]
+    assert [item.role for item in items] == ["system", "user", "assistant", "user", "assistant"]  # type: ignore[union-attr]
+    assert {headers["x-session-id"] for headers in upstream.headers} == {conversation.id}  # its session (11.1)
+
+
+async def test_one_writer_at_a_time(upstream: FakeUpstream, proxy_url: str, http: aiohttp.ClientSession) -> None:
+    """A response in progress holds its conversation: a second one, or a change of its items,
+    is a 409 until it ends; then the conversation is free again."""
+    slow = Generation([*(Step("text", f"w{i} ") for i in range(20)), Step("finish", finish_reason="stop")])
+    upstream.script(Reply(slow, delay=0.05), Reply(answer("Done.")))
+    headers = {"Authorization": "Bearer key-a"}
+    async with client(proxy_url) as sdk:
+        conversation = await sdk.conversations.create()
+        body = {"model": "m", "input": "long one", "conversation": conversation.id, "stream": True}
+        async with http.post(f"{proxy_url}/v1/responses", json=body, headers=headers) as running:
+            await running.content.readline()  # under way
+            for path, sent in (("/v1/responses", {**body, "input": "meanwhile"}), (f"/v1/conversations/{conversation.id}/items", {"items": [{"role": "user", "content": "x"}]})):
+                async with http.post(f"{proxy_url}{path}", json=sent, headers=headers) as refused:
+                    assert refused.status == 409, await refused.text()
+                    assert (await refused.json())["error"]["code"] == "conversation_locked"
+            await running.read()
+        after = await sdk.responses.create(model="m", input="next", conversation=conversation.id)
+    assert after.output_text == "Done."
+
+
+async def test_a_turn_that_fails_lets_its_conversation_go(upstream: FakeUpstream, proxy_url: str) -> None:
+    upstream.script(Reply(status=500, body={"error": {"message": "boom"}}), Reply(answer("Fine now.")))
+    async with client(proxy_url) as sdk:
+        conversation = await sdk.conversations.create()
+        with pytest.raises(openai.APIStatusError):
+            await sdk.responses.create(model="m", input="first", conversation=conversation.id)
+        again = await sdk.responses.create(model="m", input="again", conversation=conversation.id)
+        assert again.output_text == "Fine now."
+        items = (await sdk.conversations.items.list(conversation.id, order="asc")).data
+    assert [item.content[0].text for item in items] == ["again", "Fine now."]  # type: ignore[union-attr]
+
+
+async def test_bad_uses_are_clear_400s(proxy_url: str) -> None:
+    async with client(proxy_url) as sdk:
+        conversation = await sdk.conversations.create()
+        for kwargs, param in (
+            ({"conversation": "conv_unknown"}, "conversation"),
+            ({"conversation": conversation.id, "previous_response_id": "resp_1"}, "conversation"),
+        ):
+            with pytest.raises(openai.BadRequestError) as refused:
+                await sdk.responses.create(model="m", input="hi", **kwargs)
+            assert refused.value.param == param
