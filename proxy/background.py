@@ -25,7 +25,7 @@ import orjson
 
 from .config import Background
 from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
-from .relay import Compactor, relay
+from .relay import Compactor, end_compaction, relay
 from .responses.lifecycle import failed_ending, is_terminal
 from .responses.translate import ResponseTranslator
 from .store import CapReached, ResponseStore, Runs, StoredResponse
@@ -122,7 +122,8 @@ class BackgroundRuns:
         try:
             await events.write(translator.start())
             async with calls.post() as exchange:
-                await relay(translator, exchange, events, calls.compactor)
+                await relay(translator, exchange, events)
+            await end_compaction(translator, calls.compactor, events)
         except ProxyError as error:  # the upstream refused, or could not be reached
             await events.write(translator.fail(error))
         except asyncio.CancelledError:

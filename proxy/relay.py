@@ -4,6 +4,8 @@ sink is where the events go: a client's stream, or the store's event log."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import Any, Protocol
 
@@ -23,10 +25,11 @@ class Sink(Protocol):
         ...
 
 
-async def relay(translator: ResponseTranslator, exchange: Exchange, sink: Sink, compactor: Compactor) -> bool:
-    """Until the terminal event; False when the upstream broke off, so there is nothing left
-    to drain. An upstream read that makes no event is no write. A turn whose conversation
-    crossed its compaction threshold ends after its compaction."""
+async def relay(translator: ResponseTranslator, exchange: Exchange, sink: Sink) -> bool:
+    """Until the terminal event, or the answer's end where the response waits for its
+    compaction (`end_compaction`, once the upstream call is over); False when the upstream
+    broke off, so there is nothing left to drain. An upstream read that makes no event is no
+    write."""
     while True:
         try:
             data = await exchange.read_chunk()
@@ -37,12 +40,20 @@ async def relay(translator: ResponseTranslator, exchange: Exchange, sink: Sink, 
         if events or translator.done:
             await sink.write(events)
         if translator.done:
-            if translator.compacting:
-                await sink.write(await compacted(translator, compactor))
             return True
 
 
-async def compacted(translator: ResponseTranslator, compactor: Compactor) -> bytes:
-    """The end of a response that waits for its compaction (design.md 8.10)."""
-    made = await compactor(translator.output)
-    return translator.compacted(*(made or (None, None)))
+async def end_compaction(translator: ResponseTranslator, compactor: Compactor, sink: Sink) -> None:
+    """End a response that waits for its compaction (design.md 8.10), after its answer's
+    upstream call is over (its connection back for the summary's): the `compaction` item, or,
+    where the summary failed or the turn is cancelled meanwhile (a client gone, a cancel, a
+    shutdown), the answer completed as it is: its own tokens are whole, and kept."""
+    if not translator.compacting:
+        return
+    try:
+        made = await compactor(translator.output)
+    except asyncio.CancelledError:
+        with contextlib.suppress(Exception):  # the client may be gone: the sink keeps it first
+            await sink.write(translator.compacted(None, None))
+        raise
+    await sink.write(translator.compacted(*(made or (None, None))))

@@ -279,3 +279,48 @@ async def test_a_chain_alone_compacts_with_no_input(upstream: FakeUpstream, prox
     assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["first question", "Hi", PROMPT]
     async with http.post(f"{proxy}/v1/responses", json={"model": "m"}) as refused:
         assert refused.status == 400 and (await refused.json())["error"]["param"] == "input"
+
+
+async def test_the_summary_gets_the_answers_connection(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    """The summary is asked once the answer's upstream call is over: an upstream of one
+    connection compacts too."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "max_connections": 1, "timeouts": {"connect": 1}}]}))
+    for stream in (True, False):
+        upstream.script(Reply(ANSWER), Reply(SUMMARISED))
+        response = await _turn(http, url, {"model": "m", "input": "q", "context_management": AT_120, "stream": stream})
+        assert [item["type"] for item in response["output"]] == ["message", "compaction"]
+
+
+async def test_a_cancel_during_the_summary_completes_the_answer(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """A background run cancelled while its summary is made ends with its answer, whole, and
+    `completed`: nothing waits on it forever."""
+    upstream.script(Reply(ANSWER), Reply(SUMMARISED, headers_delay=5))
+    queued = await _turn(http, proxy, {"model": "m", "input": "q", "context_management": AT_120, "background": True})
+    async with asyncio.timeout(5):
+        while len(upstream.requests) < 2:  # the summary asked
+            await asyncio.sleep(0.02)
+    async with http.post(f"{proxy}/v1/responses/{queued['id']}/cancel") as cancelled:
+        assert cancelled.status == 200
+    async with asyncio.timeout(5):
+        while (ended := await _stored(http, proxy, queued["id"]))["status"] in ("queued", "in_progress"):
+            await asyncio.sleep(0.05)
+    assert ended["status"] == "completed" and [item["type"] for item in ended["output"]] == ["message"]
+
+
+async def test_a_client_that_leaves_during_the_summary_leaves_its_answer_kept(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(Reply(ANSWER), Reply(SUMMARISED, headers_delay=5))
+    body = {"model": "m", "input": "q", "context_management": AT_120, "stream": True}
+    async with http.post(f"{proxy}/v1/responses", json=body) as answer:
+        seen = b""
+        while b"response.output_item.done" not in seen:
+            seen += await answer.content.readany()
+        id = seen.split(b'"id":"', 2)[1].split(b'"')[0].decode()
+        async with asyncio.timeout(5):
+            while len(upstream.requests) < 2:
+                await asyncio.sleep(0.02)
+        answer.close()  # gone while the summary is made
+    async with asyncio.timeout(5):
+        while upstream.disconnects < 1:  # the summary call is left, not waited for
+            await asyncio.sleep(0.02)
+    kept = await _stored(http, proxy, id)
+    assert kept["status"] == "completed" and [item["type"] for item in kept["output"]] == ["message"]

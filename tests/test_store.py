@@ -359,3 +359,31 @@ async def test_the_list_of_a_keys_responses_newest_first(upstream: FakeUpstream,
         status, refused = await page(a, query)
         assert status == 400 and envelope(refused)["param"] == param
     assert (await page(b, f"?after={made[0]}"))[0] == 400  # another key's response is no cursor
+
+
+async def test_the_redis_list_pages_past_records_gone_and_its_indexes_forget_them(
+    upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, redis_server: RedisServer
+) -> None:
+    """A record that expired (here: deleted under the proxy, as Redis expires it) leaves its id
+    in the owner's index until met: a page still holds `limit` responses and says whether more
+    remain; a put drops from the indexes the ids older than records live."""
+    import redis.asyncio as aioredis
+
+    prefix = f"test-{time.time_ns()}:"
+    url = await start_proxy(proxy_config(upstream, {"url": redis_server.url, "prefix": prefix, "ttl": 2}))
+    upstream.script(Reply(text_turn("Hi")))
+    made = [(await create(http, url, {"model": "m", "input": f"q{i}"}, stream=False))["id"] for i in range(4)]
+    async with http.get(f"{url}/v1/responses?limit=100") as whole:
+        listed = [r["id"] for r in (await whole.json())["data"]]
+    assert sorted(listed) == sorted(made)
+    client = aioredis.Redis.from_url(redis_server.url)
+    try:
+        await client.delete(f"{prefix}response:{listed[1]}")
+        async with http.get(f"{url}/v1/responses?limit=2") as page:
+            first = await page.json()
+        assert [r["id"] for r in first["data"]] == [listed[0], listed[2]] and first["has_more"] is True
+        await asyncio.sleep(3.1)  # every record expired: a new one's put drops them from the indexes
+        await create(http, url, {"model": "m", "input": "later"}, stream=False)
+        assert await client.zcard(f"{prefix}owned:") == 1 and await client.zcard(f"{prefix}responses") == 1
+    finally:
+        await client.aclose()

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from yarl import URL
 
 from proxy.config import parse
 from tests.browser import chromium, needs_chromium
@@ -133,5 +134,6 @@ async def test_the_page_is_off_by_default_and_served_with_a_strict_policy(upstre
             assert response.status == 200 and response.content_type == kind
             policy = response.headers["Content-Security-Policy"]
             assert "script-src 'self'" in policy and "default-src 'none'" in policy and "unsafe-inline" not in policy
-    async with http.get(f"{on}/ui/static/../config.py") as response:
-        assert response.status == 404
+    for escape in ("%2e%2e%2fconfig.py", "..%2Fconfig.py", "index.html"):  # only the page's own files
+        async with http.get(URL(f"{on}/ui/static/{escape}", encoded=True)) as response:
+            assert response.status == 404, escape

@@ -108,11 +108,13 @@ class Turn:
         max_event = self.target.upstream.max_event_bytes
         return ResponseTranslator(self.call, streaming=streaming, request_id=request[REQUEST_ID], max_event=max_event)
 
-    def post(self, request: web.Request, chat: dict[str, Any] | None = None) -> AbstractAsyncContextManager[Exchange]:
-        """The call's chat request (or another of the turn's: a summary's), sent when entered;
-        its client span, where tracing is on (design.md 12)."""
+    def post(
+        self, request: web.Request, body: dict[str, Any] | None = None, path: str = CHAT_PATH
+    ) -> AbstractAsyncContextManager[Exchange]:
+        """The call's chat request (or another of the turn's: a summary's, a token count's),
+        sent when entered; its client span, where tracing is on (design.md 12)."""
         headers = upstream_headers(request)
-        exchange = self.client.post(CHAT_PATH, self.call.chat if chat is None else chat, headers, session=self.session)
+        exchange = self.client.post(path, self.call.chat if body is None else body, headers, session=self.session)
         tracing = request.app[RUNTIME].tracing
         return (
             exchange

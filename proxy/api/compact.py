@@ -89,8 +89,11 @@ def compactor(request: web.Request, turn: Turn) -> Compactor:
             summary, usage = await _summarised(request, turn, output)
         except ProxyError as error:
             log.warning(
-                "the compaction after a turn failed: %s", error.message, extra={"request_id": request[REQUEST_ID]}
+                "a compaction after its turn failed: %s", error.message, extra={"request_id": request[REQUEST_ID]}
             )
+            return None
+        except Exception:  # not foreseen: logged whole; the answer stays whole (design.md 5.9)
+            log.exception("a compaction after its turn failed", extra={"request_id": request[REQUEST_ID]})
             return None
         return compaction.compaction_item(summary, request.app[RUNTIME].sealer, new_id), usage
 

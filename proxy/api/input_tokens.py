@@ -14,7 +14,7 @@ from ..errors import NotImplementedHere, ProxyError, UpstreamProtocolError
 from ..responses.body import load_json
 from .body import read_body
 from .calls import Turn, plan_turn
-from .common import json_response, upstream_headers
+from .common import json_response
 
 
 async def count(request: web.Request) -> web.Response:
@@ -53,7 +53,7 @@ async def _counted(request: web.Request, turn: Turn) -> int:
 
 async def _post(request: web.Request, turn: Turn, path: str, body: dict[str, Any]) -> dict[str, Any]:
     try:
-        async with turn.client.post(path, body, upstream_headers(request), session=turn.session) as exchange:
+        async with turn.post(request, body, path) as exchange:
             answer = orjson.loads(await exchange.read_body())
     except ProxyError as error:
         if error.status in (404, 405):

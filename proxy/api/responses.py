@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
 from typing import Any
@@ -12,11 +13,10 @@ from ..appkeys import MODEL_PATTERN, RUNTIME
 from ..background import Calls
 from ..errors import ProxyError
 from ..metrics import Metrics
-from ..relay import compacted, relay
+from ..relay import end_compaction, relay
 from ..responses import compaction
 from ..responses.body import load_json
 from ..responses.translate import ResponseTranslator
-from ..upstream.client import Exchange
 from . import background, compact
 from .body import read_body
 from .calls import Keep, Turn, log_failure, plan_turn
@@ -53,16 +53,19 @@ async def _answered(request: web.Request, turn: Turn, started: float) -> web.Str
     translator = turn.translator(request)
     first_chunk = None  # seconds to the first generated token, of a stream that had one
     try:
-        async with turn.post(request) as exchange:
-            if call.stream:
-                response, output, first_chunk = await _stream(request, turn, translator, exchange, started)
+        if call.stream:
+            response, output, first_chunk = await _stream(request, turn, translator, started)
+        else:
+            async with turn.post(request) as exchange:
+                translator.complete(await exchange.read_body())
+            kept = _Kept(translator, keep)
+            if translator.compacting:
+                await end_compaction(translator, compact.compactor(request, turn), kept)
             else:
-                if translator.complete(await exchange.read_body()) is None:
-                    await compacted(translator, compact.compactor(request, turn))
-                output = translator.response
-                assert output is not None  # complete() ends it, or compacted() does
-                await keep(output)
-                response = json_response(output)
+                await kept.write(b"")
+            output = translator.response
+            assert output is not None  # complete() ends it, or end_compaction() does
+            response = json_response(output)
     except ProxyError as error:
         if not (call.stream and error.in_stream):
             raise
@@ -85,28 +88,45 @@ def count_usage(
 
 
 async def _stream(
-    request: web.Request, turn: Turn, translator: ResponseTranslator, exchange: Exchange, started: float
+    request: web.Request, turn: Turn, translator: ResponseTranslator, started: float
 ) -> tuple[web.StreamResponse, dict[str, Any] | None, float | None]:
     """The stream, the response it ended with, and the seconds to its first generated token."""
     runtime = request.app[RUNTIME]
     metrics = runtime.metrics
-    response = EventStream()
-    await response.prepare(request)
-    watch = ClientWatch(request, response, runtime.config.keepalive, exchange.timeouts.client_idle, exchange.deadline)
-    sink = _ClientSink(watch, translator, turn.keep, request[MODEL_PATTERN], metrics, started)
-    metrics.streams.inc()
-    try:
-        await sink.write(translator.start())
-        whole = await relay(translator, exchange, sink, compact.compactor(request, turn))
-    except ConnectionResetError:
-        whole = False  # the client left before aiohttp cancelled us; leaving closes the upstream
-    finally:
-        watch.stop()
-        metrics.streams.dec()
-    if whole:
-        await exchange.drain()
+    async with contextlib.AsyncExitStack() as upstream:
+        # Entered before the stream begins: the upstream's refusal is an HTTP answer.
+        exchange = await upstream.enter_async_context(turn.post(request))
+        response = EventStream()
+        await response.prepare(request)
+        watch = ClientWatch(
+            request, response, runtime.config.keepalive, exchange.timeouts.client_idle, exchange.deadline
+        )
+        sink = _ClientSink(watch, translator, turn.keep, request[MODEL_PATTERN], metrics, started)
+        metrics.streams.inc()
+        try:
+            await sink.write(translator.start())
+            if await relay(translator, exchange, sink):
+                await exchange.drain()
+            await upstream.aclose()  # the upstream call is over: its connection serves the summary
+            await end_compaction(translator, compact.compactor(request, turn), sink)
+        except ConnectionResetError:
+            pass  # the client left before aiohttp cancelled us; leaving closes the upstream
+        finally:
+            watch.stop()
+            metrics.streams.dec()
     log_failure(request, translator.error)
     return response, translator.response, sink.first_chunk
+
+
+class _Kept:
+    """A non-streaming call's sink: nothing to write, the response kept once it is final."""
+
+    def __init__(self, translator: ResponseTranslator, keep: Keep) -> None:
+        self._translator, self._keep = translator, keep
+
+    async def write(self, events: bytes) -> None:
+        if self._translator.response is not None:
+            await self._keep(self._translator.response)
 
 
 class _ClientSink:

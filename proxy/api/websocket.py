@@ -16,7 +16,7 @@ from aiohttp import WSMessage, WSMsgType, web
 
 from ..appkeys import REQUEST_ID, RUNTIME
 from ..errors import InvalidRequest, ProxyError, UpgradeRequired
-from ..relay import relay
+from ..relay import end_compaction, relay
 from ..responses import compaction
 from ..responses.body import load_json
 from ..responses.lifecycle import completed, new_id, usage_object, whole_stream
@@ -132,8 +132,9 @@ class _Connection:
         try:
             async with turn.post(self._request) as exchange:
                 await sink.write(translator.start())
-                if await relay(translator, exchange, sink, compactor(self._request, turn)):
+                if await relay(translator, exchange, sink):
                     await exchange.drain()
+            await end_compaction(translator, compactor(self._request, turn), sink)
         except ProxyError as error:
             if not error.in_stream:
                 raise

@@ -181,7 +181,9 @@ class ResponseTranslator:
 
     def fail(self, error: ProxyError) -> bytes:
         """The upstream broke off. A generation that already finished still completes: only
-        the usage chunk or `[DONE]` was lost."""
+        the usage chunk or `[DONE]` was lost (one waiting for its compaction without it)."""
+        if self.compacting:
+            return self.compacted(None, None)
         if self.done:
             return b""
         if self._finish_reason is None:
@@ -192,7 +194,10 @@ class ResponseTranslator:
 
     def cancel(self) -> bytes:
         """The client cancelled a background response (design.md 10.3): what was open closes
-        `incomplete`, and the response ends `cancelled`, with no error."""
+        `incomplete`, and the response ends `cancelled`, with no error; one whose answer is
+        whole, waiting for its compaction, completes without it (design.md 8.10)."""
+        if self.compacting:
+            return self.compacted(None, None)
         if not self.done:
             self._close_all(None, "incomplete")
             self._terminate("cancelled")

@@ -82,6 +82,10 @@ end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
 redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
 redis.call('EXPIRE', KEYS[3], ARGV[2])
+-- Ids made longer ago than records live have expired with their records: out of the indexes.
+local expired = '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[2]))
+redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', expired)
+redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', expired)
 """
 # A batch of a run's events (ARGV[2...]: sequence number, event; ids as `_stream_id` makes them)
 # and the key's time to live (ARGV[1]). An event the stream holds already as it is stays (a batch
@@ -217,13 +221,19 @@ class RedisBackend:
             if rank is None or not await self._redis.exists(self._response_key(after)):
                 return None
             start = rank + 1
-        newest = cast("list[bytes]", await self._redis.zrevrange(owned, start, start + limit - 1))
-        ids = [id.decode() for id in newest]
-        found = await self._redis.mget([self._response_key(id) for id in ids]) if ids else []
-        gone = [id for id, data in zip(ids, found, strict=True) if data is None]
-        if gone:
-            await self._redis.zrem(owned, *gone)
-        return [decode_stored(data) for data in found if data is not None]
+        found: list[StoredResponse] = []
+        while len(found) < limit:
+            newest = cast("list[bytes]", await self._redis.zrevrange(owned, start, start + limit - len(found) - 1))
+            if not newest:
+                break
+            ids = [id.decode() for id in newest]
+            records = await self._redis.mget([self._response_key(id) for id in ids])
+            gone = [id for id, data in zip(ids, records, strict=True) if data is None]
+            if gone:  # expired, or dropped past the size bound: the ranks after them move up
+                await self._redis.zrem(owned, *gone)
+            found += [decode_stored(data) for data in records if data is not None]
+            start += len(ids) - len(gone)
+        return found
 
     async def delete(self, id: str, owner: str) -> bool:
         return await self._remove(id, owner)
