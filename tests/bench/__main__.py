@@ -434,7 +434,7 @@ def rows(s: dict, results: dict) -> list[Row]:
     out.append(Row(
         "tracing on: CPU per text event, vs off",
         f"{r['traced']['us_per_event']:.1f} us", "-", "-", f"{statistics.median(r['round_ratios']):.2f}x", "-", None,
-        f"off {r['proxy']['us_per_event']:.1f} us; rounds {', '.join(f'{x:.2f}' for x in r['round_ratios'])}; a server, a client and a store span a stream, exported over OTLP/HTTP"
+        f"off {r['proxy']['us_per_event']:.1f} us; rounds {', '.join(f'{x:.2f}' for x in r['round_ratios'])}; a server and a client span a stream, exported over OTLP/HTTP"
         + (f"; {r['traced']['failed']} streams FAILED" if r["traced"]["failed"] else ""),
     ))
     r = results["background"]
