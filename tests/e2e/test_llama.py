@@ -13,8 +13,18 @@ from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
+import openai
 import orjson
 import pytest
+from agents import (
+    Agent,
+    ModelSettings,
+    OpenAIResponsesCompactionSession,
+    OpenAIResponsesWSModel,
+    Runner,
+    SQLiteSession,
+    set_tracing_disabled,
+)
 
 from proxy.config import parse
 from tests.client import CONTEXT_LENGTH_EXCEEDED, envelope, parse_sse
@@ -257,3 +267,24 @@ async def test_input_tokens_are_counted_as_the_call_takes_them(start_proxy, http
             count = (await counted.json())["input_tokens"]
         response = await plain(http, proxy, body)
         assert count == response["usage"]["input_tokens"] > 0
+
+
+async def test_openai_agents_compacts_over_the_websocket(start_proxy, tmp_path) -> None:
+    """design.md 8.8, 8.9 with a real server and a real client: openai-agents over the WebSocket
+    transport, with its compaction session (the model writes the summary). The AI SDK's tool
+    loop is not run here: this model calls its tool until the token limit, at every run."""
+    async with behind_the_proxy(start_proxy, "tools", IM_END) as (proxy, _):
+        set_tracing_disabled(True)
+        async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="e2e", max_retries=0) as client:
+            model = OpenAIResponsesWSModel(model="gpt-oss-20b", openai_client=client)
+            session = OpenAIResponsesCompactionSession(
+                "llama", SQLiteSession("llama", str(tmp_path / "session.db")), client=client, model="gpt-oss-20b", should_trigger_compaction=lambda _: True
+            )
+            agent = Agent(name="echo", model=model, model_settings=ModelSettings(temperature=0))
+            result = Runner.run_streamed(agent, "Say hi to the tests.", session=session)
+            async for _ in result.stream_events():
+                pass
+            await model.close()
+            items = await session.get_items()
+        assert result.final_output.startswith("Say h")  # the model repeats (near enough) what it is asked
+        assert items[-1]["type"] == "compaction"
