@@ -78,9 +78,14 @@ class Turn:
     client: UpstreamClient
     session: Session | None
     keep: Keep  # before the terminal event leaves (design.md 9.2)
-    stored_as: AsStored | None  # how the store keeps the response; None: it does not
+    # How the response is kept anywhere (the store, a connection, a conversation); None: nowhere.
+    kept_as: AsStored | None
     conversation: Held | None = None  # the conversation it writes to, held until it ends (9.7)
-    stored_form: AsStored | None = None  # the response as kept anywhere: the store, a connection, a conversation
+
+    @property
+    def stored_as(self) -> AsStored | None:
+        """How the store keeps the response; None: it does not."""
+        return self.kept_as if self.call.echo["store"] else None
 
     async def release(self) -> None:
         """The turn is over, however it ended: its conversation is let go."""
@@ -98,8 +103,8 @@ class Turn:
 
     async def add_to_conversation(self, response: dict[str, Any]) -> None:
         """The turn's input and output added to its conversation (design.md 9.7)."""
-        if self.conversation is not None and self.stored_form is not None:
-            own = orjson.loads(bytes(self.stored_form(response).input_items))
+        if self.conversation is not None and self.kept_as is not None:
+            own = orjson.loads(bytes(self.kept_as(response).input_items))
             await self.conversation.append([*own, *response["output"]])
 
     def translator(self, request: web.Request) -> ResponseTranslator:
@@ -151,7 +156,7 @@ async def plan_turn(
         conversation = (session or call_session(request, past)).key  # gen_ai.conversation.id: the session
         runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation)
 
-    held = (await hold(request, written.id))[0] if written is not None else None
+    held = await hold(request, written.id) if written is not None else None
 
     async def keep(response: dict[str, Any]) -> None:
         if as_stored is None:
@@ -167,7 +172,7 @@ async def plan_turn(
             keep_here(msgspec.structs.replace(kept_form, input_items=whole, ancestors=[]))
         await turn.add_to_conversation(response)
 
-    turn = Turn(past, call, target, client, session, keep, as_stored if stored else None, held, as_stored)
+    turn = Turn(past, call, target, client, session, keep, as_stored, held)
     return turn
 
 

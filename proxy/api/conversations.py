@@ -22,7 +22,7 @@ from ..responses.schema import parse_items
 from ..store import ResponseStore, StoredConversation
 from .body import read_body
 from .common import json_response, store_of
-from .stored import page_limit
+from .stored import items_page
 
 # How long a response holds its conversation: longer than any answer takes, short enough that
 # one whose process died lets its conversation go (design.md 9.7).
@@ -55,27 +55,27 @@ class Held:
                 await self._store.let_go(self.id, self._holder)
 
 
-async def hold(request: web.Request, id: str, seconds: float = RESPONSE_HOLD) -> tuple[Held, StoredConversation]:
-    """The conversation, held for its caller: a 409 while another writer has it, a 404 for
-    none of the key's."""
+async def hold(request: web.Request, id: str, seconds: float = RESPONSE_HOLD) -> Held:
+    """The conversation held for its caller: a 409 while another writer has it, a 404 for none
+    of the key's."""
     store, owner = store_of(request), request[OWNER]
-    found = await store.conversation(id, owner)
-    if found is None:
-        raise NotFound(f"No conversation with id '{id}'.", param="conversation_id")
     holder = new_id("hold")
     if not await store.hold(id, holder, seconds):
+        if await store.conversation(id, owner) is None:
+            raise NotFound(f"No conversation with id '{id}'.", param="conversation_id")
         raise Conflict(
             f"The conversation '{id}' is being written to (a response on it is in progress); try again when it ends.",
             param="conversation",
         )
-    return Held(store, id, owner, holder), found
+    return Held(store, id, owner, holder)
 
 
 @contextlib.asynccontextmanager
 async def _changing(request: web.Request) -> AsyncIterator[tuple[Held, StoredConversation]]:
-    held, found = await hold(request, request.match_info["id"], _REQUEST_HOLD)
+    """The conversation as it is once held, for one change."""
+    held = await hold(request, request.match_info["id"], _REQUEST_HOLD)
     try:
-        yield held, (await store_of(request).conversation(held.id, request[OWNER])) or found
+        yield held, await _found(request)
     finally:
         await held.release()
 
@@ -160,14 +160,7 @@ async def delete(request: web.Request) -> web.Response:
 
 async def list_items(request: web.Request) -> web.Response:
     found = await _found(request)
-    query = request.query
-    order = query.get("order", "desc")
-    if order not in ("asc", "desc"):
-        raise InvalidRequest("'order' must be asc or desc.", param="order")
-    items = [orjson.loads(bytes(item)) for item in found.items]
-    return json_response(
-        history.page(items, order=order, after=query.get("after"), before=None, limit=page_limit(request))
-    )
+    return items_page(request, [orjson.loads(bytes(item)) for item in found.items])
 
 
 async def add_items(request: web.Request) -> web.Response:

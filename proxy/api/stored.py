@@ -164,7 +164,7 @@ async def delete(request: web.Request) -> web.Response:
 async def listed(request: web.Request) -> web.Response:
     """GET /v1/responses, an extension (OpenAI lists no responses): the key's stored responses,
     newest first, paged by `after` (a response id) and `limit` (design.md 9.3)."""
-    limit, after = page_limit(request), request.query.get("after")
+    limit, after = _limit(request), request.query.get("after")
     found = await store_of(request).recent(request[OWNER], after, limit + 1)
     if found is None:
         raise InvalidRequest(f"No response with id '{after}'.", param="after")
@@ -181,7 +181,7 @@ async def listed(request: web.Request) -> web.Response:
     )
 
 
-def page_limit(request: web.Request) -> int:
+def _limit(request: web.Request) -> int:
     try:
         limit = int(request.query.get("limit", "20"))
     except ValueError:
@@ -193,12 +193,17 @@ def page_limit(request: web.Request) -> int:
 
 async def input_items(request: web.Request) -> web.Response:
     stored = await find_stored(request, request.match_info["id"])
+    return items_page(request, orjson.loads(bytes(stored.input_items)))
+
+
+def items_page(request: web.Request, items: list[dict[str, Any]]) -> web.Response:
+    """The page of `items` the query asks for (`order`, `after`, `before`, `limit`): a stored
+    response's input items, a conversation's (design.md 9.3, 9.7)."""
     query = request.query
     order = query.get("order", "desc")
     if order not in ("asc", "desc"):
         raise InvalidRequest("'order' must be asc or desc.", param="order")
-    limit = page_limit(request)
-    items = orjson.loads(bytes(stored.input_items))
+    limit = _limit(request)
     return json_response(
         history.page(items, order=order, after=query.get("after"), before=query.get("before"), limit=limit)
     )
