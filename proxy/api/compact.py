@@ -87,13 +87,14 @@ def compactor(request: web.Request, turn: Turn) -> Compactor:
     async def compact_after(output: list[dict[str, Any]]) -> tuple[dict[str, Any], dict[str, Any]] | None:
         try:
             summary, usage = await _summarised(request, turn, output)
-        except ProxyError as error:
+        except Exception as error:  # whatever failed, the answer stays whole; the unforeseen logged whole
+            foreseen = error.message if isinstance(error, ProxyError) else None
             log.warning(
-                "a compaction after its turn failed: %s", error.message, extra={"request_id": request[REQUEST_ID]}
+                "a compaction after its turn failed: %s",
+                foreseen or repr(error),
+                exc_info=foreseen is None,
+                extra={"request_id": request[REQUEST_ID]},
             )
-            return None
-        except Exception:  # not foreseen: logged whole; the answer stays whole (design.md 5.9)
-            log.exception("a compaction after its turn failed", extra={"request_id": request[REQUEST_ID]})
             return None
         return compaction.compaction_item(summary, request.app[RUNTIME].sealer, new_id), usage
 
