@@ -394,7 +394,7 @@ def _once(text: str) -> str:
     for joint in ("", "\n", "\n\n", " "):
         half, odd = divmod(len(text) - len(joint), 2)
         if (
-            half > 0
+            half >= 8
             and not odd
             and text[half : half + len(joint)] == joint
             and text[:half] == text[half + len(joint) :]

@@ -439,3 +439,5 @@ def test_reasoning_sent_back_with_its_summary_joined_is_replayed_once(reasoning:
     assert sent({"input": items})["messages"][1] == {"role": "assistant", "content": "Sunny.", "reasoning_content": "Paris is sunny today."}
     different = [msg("user", "q"), {"type": "reasoning", "summary": [{"type": "summary_text", "text": "first half, then another"}]}, msg("assistant", "a")]
     assert sent({"input": different})["messages"][1]["reasoning_content"] == "first half, then another"
+    short = [msg("user", "q"), {"type": "reasoning", "summary": [{"type": "summary_text", "text": "no no"}]}, msg("assistant", "a")]
+    assert sent({"input": short})["messages"][1]["reasoning_content"] == "no no"  # halves under 8 characters: as sent
