@@ -127,3 +127,27 @@ async def test_bad_uses_are_clear_400s(proxy_url: str) -> None:
             with pytest.raises(openai.BadRequestError) as refused:
                 await sdk.responses.create(model="m", input="hi", **kwargs)
             assert refused.value.param == param
+
+
+async def test_a_compaction_and_a_token_count_read_a_conversation_and_hold_nothing(
+    upstream: FakeUpstream, proxy_url: str, http: aiohttp.ClientSession
+) -> None:
+    """design.md 9.7: while a response holds the conversation, /v1/responses/compact and
+    /v1/responses/input_tokens read its items and answer; nothing is added to it."""
+    slow = Generation([*(Step("text", f"w{i} ") for i in range(20)), Step("finish", finish_reason="stop")])
+    upstream.script(Reply(slow, delay=0.05), Reply(answer("A summary.")))
+    headers = {"Authorization": "Bearer key-a"}
+    async with client(proxy_url) as sdk:
+        conversation = await sdk.conversations.create(items=[{"type": "message", "role": "user", "content": "Earlier question"}])
+        body = {"model": "m", "input": "long one", "conversation": conversation.id, "stream": True}
+        async with http.post(f"{proxy_url}/v1/responses", json=body, headers=headers) as running:
+            await running.content.readline()  # under way: the conversation is held
+            read = {"model": "m", "input": "now", "conversation": conversation.id}
+            async with http.post(f"{proxy_url}/v1/responses/compact", json=read, headers=headers) as compacted:
+                assert compacted.status == 200, await compacted.text()
+            assert [m["content"] for m in upstream.requests[-1]["messages"]][:2] == ["Earlier question", "now"]
+            async with http.post(f"{proxy_url}/v1/responses/input_tokens", json=read, headers=headers) as counted:
+                assert counted.status == 200, await counted.text()
+            await running.read()
+        items = (await sdk.conversations.items.list(conversation.id, order="asc")).data
+    assert [item.content[0].text for item in items] == ["Earlier question", "long one", "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 "]  # type: ignore[union-attr]

@@ -125,3 +125,15 @@ async def test_an_upstream_failure_marks_the_client_span(
     spans = await collector.until(2)
     assert one(spans, "SPAN_KIND_CLIENT").status == "STATUS_CODE_ERROR"
     assert one(spans, "SPAN_KIND_SERVER").status == "STATUS_CODE_ERROR"
+
+
+async def test_the_sdks_own_switch_turns_it_off(
+    collector: Collector, upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """design.md 12.1: `OTEL_SDK_DISABLED=true` wins over `tracing.enabled`."""
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    proxy = await start_proxy(config(upstream, tmp_path, enabled=True, endpoint=collector.url))
+    upstream.script(Reply(ANSWER))
+    async with http.post(f"{proxy}/v1/responses", json={"model": "qwen3", "input": "hi"}) as answer:
+        assert answer.status == 200
+    assert "traceparent" not in upstream.headers[-1]
