@@ -89,9 +89,10 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
     tracing = runtime.tracing
     info = request.match_info.route.resource
     endpoint = info.canonical if info is not None else "other"
-    traced = None
-    if tracing is not None and endpoint.startswith("/v1/"):
-        traced = tracing.server(request.method, endpoint, request.headers)
+    # The request's span, where tracing is on (design.md 12.1): what ends it.
+    end_span = (
+        tracing.server(request.method, endpoint, request.headers) if tracing and endpoint.startswith("/v1/") else None
+    )
     try:
         try:
             request[OWNER] = _owner(request)
@@ -117,9 +118,8 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
         raise
     finally:
         elapsed = time.monotonic() - started
-        if traced is not None:
-            assert tracing is not None
-            tracing.end(*traced, status)
+        if end_span is not None:
+            end_span(status)
         metrics = runtime.metrics
         metrics.requests.labels(request.get(MODEL_PATTERN, ""), endpoint, status).inc()
         metrics.latency.labels(endpoint).observe(elapsed)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -19,7 +19,7 @@ import orjson
 from . import config as config_module
 
 if TYPE_CHECKING:
-    from opentelemetry.trace import Span
+    pass
 
 T = TypeVar("T")
 # The end of a response, as `gen_ai.response.finish_reasons` names it.
@@ -56,9 +56,9 @@ class Tracing:
         self._store_system = store_system
         self.content = settings.content  # prompts and outputs in the spans: an explicit opt-in
 
-    def server(self, method: str, route: str, headers: Mapping[str, str]) -> tuple[Span, object]:
-        """A request's span, continuing the caller's `traceparent`, made current: the span and
-        the token that `end` detaches."""
+    def server(self, method: str, route: str, headers: Mapping[str, str]) -> Callable[[int], None]:
+        """A request's span, continuing the caller's `traceparent`, made current; what ends it
+        with the request's status."""
         from opentelemetry import context
 
         parent = self._propagator.extract(headers)
@@ -68,16 +68,16 @@ class Tracing:
             kind=self._kinds.SERVER,
             attributes={"http.request.method": method, "http.route": route},
         )
-        return span, context.attach(self._trace.set_span_in_context(span, parent))
+        token = context.attach(self._trace.set_span_in_context(span, parent))
 
-    def end(self, span: Span, token: object, status: int) -> None:
-        from opentelemetry import context
+        def end(status: int) -> None:
+            context.detach(token)
+            span.set_attribute("http.response.status_code", status)
+            if status >= 500:
+                span.set_status(self._trace.Status(self._trace.StatusCode.ERROR))
+            span.end()
 
-        context.detach(token)  # type: ignore[arg-type]
-        span.set_attribute("http.response.status_code", status)
-        if status >= 500:
-            span.set_status(self._trace.Status(self._trace.StatusCode.ERROR))
-        span.end()
+        return end
 
     @contextlib.asynccontextmanager
     async def upstream(
