@@ -12,14 +12,11 @@ import contextlib
 import os
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from contextlib import AbstractAsyncContextManager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any, TypeVar
 
 import orjson
 
 from . import config as config_module
-
-if TYPE_CHECKING:
-    pass
 
 T = TypeVar("T")
 # The end of a response, as `gen_ai.response.finish_reasons` names it.
