@@ -17,7 +17,7 @@ from ..errors import InvalidRequest, NotFound
 from ..responses import history
 from ..responses.lifecycle import new_id, running
 from ..responses.schema import CreateResponse
-from ..store import StoredConversation, StoredResponse
+from ..store import ResponseStore, StoredConversation, StoredResponse
 from ..upstream.affinity import Session
 from . import background
 from .common import find_stored, json_response, store_of
@@ -79,8 +79,7 @@ async def read_history(
                 code=_NOT_FOUND,
             )
         chain = [*(found[id] for id in previous.ancestors), previous]
-    found_items = await store.items(wanted, owner) if wanted and store is not None else {}
-    referenced = {id: orjson.loads(item) for id, item in found_items.items()}
+    referenced = await _referenced(store, wanted, owner)
     items = history.chain_items([(bytes(stored.input_items), bytes(stored.response)) for stored in chain])
     return History(history.expand(parsed, items, referenced), ancestors, referenced, previous, items)
 
@@ -93,10 +92,15 @@ async def _conversation_history(request: web.Request, parsed: CreateResponse, id
     found = await store.conversation(id, owner)
     if found is None:
         raise InvalidRequest(f"Conversation with id '{id}' not found.", param="conversation")
-    found_items = await store.items(wanted, owner) if wanted else {}
-    referenced = {item_id: orjson.loads(item) for item_id, item in found_items.items()}
+    referenced = await _referenced(store, wanted, owner)
     items = [orjson.loads(bytes(item)) for item in found.items]
     return History(history.expand(parsed, items, referenced), [], referenced, None, items, found)
+
+
+async def _referenced(store: ResponseStore | None, wanted: list[str], owner: str) -> dict[str, dict[str, Any]]:
+    """The stored items the request's `item_reference`s name, by id (design.md 9.4)."""
+    found = await store.items(wanted, owner) if wanted and store is not None else {}
+    return {id: orjson.loads(item) for id, item in found.items()}
 
 
 def stored_form(request: web.Request, data: dict[str, Any], past: History, session: Session | None) -> AsStored:
