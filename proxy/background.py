@@ -28,7 +28,7 @@ from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyReq
 from .relay import Compactor, end_compaction, relay
 from .responses.lifecycle import failed_ending, is_terminal
 from .responses.translate import ResponseTranslator
-from .store import CapReached, ResponseStore, Runs, StoredResponse
+from .store import CapReached, Fenced, ResponseStore, Runs, StoredResponse
 from .upstream.client import Exchange
 
 log = logging.getLogger("proxy.background")
@@ -60,7 +60,8 @@ class BackgroundRuns:
     def __init__(self, store: ResponseStore, settings: Background) -> None:
         self._store = store
         self._settings = settings
-        # Named in the log of a run taken over from a holder that died.
+        # Named in the log of a run taken over from a holder that died; each lease's fencing
+        # token begins with it (design.md 10.4).
         self.holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._stopping = False
@@ -76,8 +77,9 @@ class BackgroundRuns:
         limits = self._settings
         # Without API keys every request is nobody's (owner ""): only the cap of all counts.
         per_key = limits.max_running_per_key if owner else limits.max_running
+        token = self._token()
         try:
-            await self._store.claim(id, owner, self.holder, limits.lease, Runs(limits.max_running, per_key))
+            await self._store.claim(id, owner, token, limits.lease, Runs(limits.max_running, per_key))
         except CapReached as reached:
             found = reached.running
             running = (
@@ -88,12 +90,12 @@ class BackgroundRuns:
             )
             raise TooManyRequests(f"{running}; wait for one to end.") from None
         try:
-            await self._store.put(as_stored(queued))
+            await self._store.put(as_stored(queued), fence=token)
         except BaseException:  # the store failed, or the request was cancelled meanwhile
             with contextlib.suppress(StoreUnavailable):
-                await self._store.release(id)
+                await self._store.release(id, token)
             raise
-        self._runs[id] = asyncio.create_task(self._run(id, translator, as_stored, calls))
+        self._runs[id] = asyncio.create_task(self._run(id, token, translator, as_stored, calls))
         self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
         return queued
 
@@ -114,11 +116,17 @@ class BackgroundRuns:
         if self._runs:
             await asyncio.wait(self._runs.values(), timeout=linger)
 
-    async def _run(self, id: str, translator: ResponseTranslator, as_stored: AsStored, calls: Calls) -> None:
-        events = _EventLog(self._store, id, translator, as_stored, self._settings.snapshot_interval)
+    def _token(self) -> str:
+        """A lease's fencing token: this process's, and this claim's or takeover's own."""
+        return f"{self.holder}/{uuid.uuid4().hex[:8]}"
+
+    async def _run(
+        self, id: str, token: str, translator: ResponseTranslator, as_stored: AsStored, calls: Calls
+    ) -> None:
         run = asyncio.current_task()
         assert run is not None
-        keeper = asyncio.create_task(self._keep_lease(id, run))
+        events = _EventLog(self._store, id, token, translator, as_stored, self._settings.snapshot_interval, run)
+        keeper = asyncio.create_task(self._keep_lease(id, token, run))
         try:
             await events.write(translator.start())
             async with calls.post() as exchange:
@@ -136,19 +144,20 @@ class BackgroundRuns:
             # 10.4 ends it, instead of leaving its followers waiting for an event never kept.
             if await events.close(self._settings.lease):
                 with contextlib.suppress(StoreUnavailable):
-                    await self._store.release(id)
+                    await self._store.release(id, token)
             try:
-                await calls.ended(translator.response)
+                # A run taken over was ended by its taker: its own end is not the response's.
+                await calls.ended(None if events.fenced else translator.response)
             except ProxyError as error:  # the response is kept; its conversation did not take it
                 log.error("background response %s was not added to its conversation: %s", id, error.message)
 
-    async def _keep_lease(self, id: str, run: asyncio.Task[None]) -> None:
+    async def _keep_lease(self, id: str, token: str, run: asyncio.Task[None]) -> None:
         """Renew the lease; stop the run when a client cancels it or the lease went to
         another replica (this one was taken for dead)."""
         while True:
             await asyncio.sleep(self._settings.lease / 3)
             try:
-                renewal = await self._store.renew(id, self.holder, self._settings.lease)
+                renewal = await self._store.renew(id, token, self._settings.lease)
             except StoreUnavailable:
                 continue  # the store logs it; the lease may yet be renewed in time
             if renewal.cancel or not renewal.held:
@@ -165,25 +174,28 @@ class BackgroundRuns:
 
     async def end_if_lost(self, id: str, owner: str) -> bool:
         """If the run's lease expired, take it over and end it failed; whether it did."""
-        if not await self._store.take(id, self.holder, self._settings.lease):
+        token = self._token()
+        if not await self._store.take(id, token, self._settings.lease):
             return False
         try:
             kept = await self._store.get(id, owner)
             made = await self._store.events(id, -1, 0)
             if kept is not None and not (made and is_terminal(made[-1][1])):
-                await self._fail_lost(kept, made[-1][0] if made else -1)
+                await self._fail_lost(kept, made[-1][0] if made else -1, token)
+        except Fenced:  # taken for dead in turn, by a replica that ends it
+            pass
         finally:
-            await self._store.release(id)
+            await self._store.release(id, token)
         return True
 
-    async def _fail_lost(self, kept: StoredResponse, last: int) -> None:
+    async def _fail_lost(self, kept: StoredResponse, last: int, token: str) -> None:
         """End a run whose holder died: from its last kept state, after its last event."""
         response = orjson.loads(bytes(kept.response))
         ending = failed_ending(
             response, ProxyError("The worker running this response stopped before it ended."), last + 1
         )
-        await self._store.put(msgspec.structs.replace(kept, response=msgspec.Raw(orjson.dumps(response))))
-        await self._store.append(kept.id, ending)
+        await self._store.put(msgspec.structs.replace(kept, response=msgspec.Raw(orjson.dumps(response))), fence=token)
+        await self._store.append(kept.id, ending, token)
         log.warning("response %s: its worker stopped renewing its lease; %s ended it failed", kept.id, self.holder)
 
 
@@ -194,10 +206,20 @@ class _EventLog:
     could not take wait for the next write: a store that comes back gets them all, in order."""
 
     def __init__(
-        self, store: ResponseStore, id: str, translator: ResponseTranslator, as_stored: AsStored, interval: float
+        self,
+        store: ResponseStore,
+        id: str,
+        token: str,
+        translator: ResponseTranslator,
+        as_stored: AsStored,
+        interval: float,
+        run: asyncio.Task[None],
     ) -> None:
         self._store = store
         self._id = id
+        self._token = token
+        self._run = run
+        self.fenced = False  # another replica took the run over: nothing more of it is kept
         self._translator = translator
         self._as_stored = as_stored
         self._interval = interval
@@ -206,12 +228,13 @@ class _EventLog:
         self._snapshot: asyncio.Task[None] | None = None  # one due later, for what came since
         self._waiting: list[tuple[int, bytes]] = []
         self._final_kept = False
+        self._closing = False
 
     async def write(self, data: bytes) -> None:
         """The relay's sink (`relay.Sink`): it keeps the events one by one, as the translator
         hands them out (`flushed`), not as the SSE bytes `data` joins them into."""
         events = self._translator.flushed()
-        if not events:
+        if not events or self.fenced:
             return
         self._waiting += events
         if self._translator.response is not None:
@@ -224,6 +247,7 @@ class _EventLog:
     async def close(self, patience: float) -> bool:
         """What the store could not take yet, tried again for up to `patience` seconds; whether
         the whole run is kept."""
+        self._closing = True
         deadline = self._loop.time() + patience
         while not await self._flush():
             if self._loop.time() >= deadline:
@@ -235,16 +259,19 @@ class _EventLog:
         """The final response (before its terminal event), then the events waiting; whether
         all of it is kept."""
         final = self._translator.response
-        if final is not None and not self._final_kept:
-            self._final_kept = await self._store.save(self._as_stored(final))
-            if not self._final_kept:
-                return False
-        if self._waiting:
-            try:
-                await self._store.append(self._id, self._waiting)
-            except StoreUnavailable:
-                return False
-            self._waiting = []
+        try:
+            if final is not None and not self._final_kept:
+                self._final_kept = await self._store.save(self._as_stored(final), fence=self._token)
+                if not self._final_kept:
+                    return False
+            if self._waiting:
+                try:
+                    await self._store.append(self._id, self._waiting, self._token)
+                except StoreUnavailable:
+                    return False
+                self._waiting = []
+        except Fenced:
+            self._taken_over()
         return True
 
     async def _save_progress(self) -> None:
@@ -252,4 +279,18 @@ class _EventLog:
         run that goes quiet still leaves its latest state (10.4 ends it from there)."""
         await asyncio.sleep(self._snapshot_at + self._interval - self._loop.time())
         self._snapshot_at = self._loop.time()
-        await self._store.save(self._as_stored(self._translator.progress()), items=False)
+        try:
+            await self._store.save(self._as_stored(self._translator.progress()), items=False, fence=self._token)
+        except Fenced:
+            self._taken_over()
+
+    def _taken_over(self) -> None:
+        """A write was refused: this replica was taken for dead (stopped past its lease, say)
+        and another ended the run (design.md 10.4). Nothing more is kept, and the generation
+        stops."""
+        if not self.fenced:
+            log.warning("response %s: another replica took its run over; this one's writes are refused", self._id)
+        self.fenced = True
+        self._waiting = []
+        if not self._closing:  # a run ending now stops by itself, its lease let go
+            _stop(self._run)

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import aiohttp
+import msgspec
 import openai
 import orjson
 import pytest
@@ -20,7 +21,7 @@ from proxy.config import parse
 from proxy.errors import StoreUnavailable
 from proxy.metrics import Metrics
 from proxy.runtime import open_store
-from proxy.store import ResponseStore, Runs
+from proxy.store import Fenced, ResponseStore, Runs, StoredResponse
 from tests.client import LOGPROBS, envelope, eventually, parse_sse, read_events, validate_response
 from tests.events import sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
@@ -237,12 +238,13 @@ async def test_a_run_that_ends_while_the_store_is_down_is_kept_when_it_is_back(
         upstream.script(Reply(gen, delay=0.02))
         _, _, raw = await post(http, url, {**BODY, "include": LOGPROBS, "background": True})
         id = orjson.loads(raw)["id"]
-        server.stop()
-        await eventually(lambda: upstream.active_streams == 1, 5)  # it streams, then ends with the store down
-        await eventually(lambda: upstream.active_streams == 0, 5)
-        server.start()  # back, empty: all it holds of the run is what the run still had to keep
-        # The run tries again every quarter lease; until then the new store knows nothing of it.
-        await eventually(lambda: _found(http, url, id), 3.0)
+        server.pause()  # it answers nothing, as a store cut off by the network
+        try:
+            await eventually(lambda: upstream.active_streams == 1, 5)  # it streams, then ends with the store away
+            await eventually(lambda: upstream.active_streams == 0, 5)
+        finally:
+            server.resume()
+        # The run tries again every quarter lease, its lease still its own (design.md 10.4).
         final = await until_done(http, url, id)
         assert final["status"] == "completed" and final["output"][0]["content"][0]["logprobs"] == sent_scores(gen.chunks())
         assert parse_sse(await replay(http, url, id))[-1]["type"] == "response.completed"
@@ -533,23 +535,24 @@ async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upst
     async with replicas_of(replica_config(upstream, store).store) as (here, there):
         reads = StoreReads(here, store)
         try:
-            await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
+            await here.claim("resp_1", "owner", "token", 10.0, Runs(10, 10))
+            await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")], "token")
             before = await reads.count()
             follower = asyncio.create_task(here.events("resp_1", 1, 5))
             await asyncio.sleep(0.01)
-            await here.append("resp_1", [(2, b"event 2")])
+            await here.append("resp_1", [(2, b"event 2")], "token")
             assert await follower == [(2, b"event 2")]
-            await there.append("resp_1", [(3, b"event 3")])  # as if read before here saw it kept
+            await there.append("resp_1", [(3, b"event 3")], "token")  # as if read before here saw it kept
             follower = asyncio.create_task(here.events("resp_1", 3, 5))
             await asyncio.sleep(0.01)
-            await here.append("resp_1", [(4, b"event 4")])
+            await here.append("resp_1", [(4, b"event 4")], "token")
             assert await follower == [(4, b"event 4")]
             assert await reads.count() == before
             assert await here.events("resp_1", 2, 5) == [(3, b"event 3"), (4, b"event 4")]  # behind the last batch
             assert await reads.count() > before
             follower = asyncio.create_task(here.events("resp_1", 4, 5))
             await asyncio.sleep(0.01)
-            await there.append("resp_1", [(5, b"event 5 from a takeover")])
+            await there.append("resp_1", [(5, b"event 5 from a takeover")], "token")
             async with asyncio.timeout(1):
                 assert await follower == [(5, b"event 5 from a takeover")]
         finally:
@@ -561,9 +564,11 @@ async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upst
     decode step reaches all its streams at once) share one SQLite transaction."""
     async with replicas_of(replica_config(upstream, {"url": f"sqlite:{tmp_path}/responses.db"}).store) as (here, there):
         statements: list[str] = []
+        for i in range(8):
+            await here.claim(f"resp_{i}", "owner", "token", 10.0, Runs(10, 10))
         here.backend._connection().set_trace_callback(statements.append)  # type: ignore[attr-defined]
-        await there.append("resp_7", [(0, b"kept first")])
-        answers = await asyncio.gather(*(here.append(f"resp_{i}", [(0, f"event of {i}".encode())]) for i in range(8)), return_exceptions=True)
+        await there.append("resp_7", [(0, b"kept first")], "token")
+        answers = await asyncio.gather(*(here.append(f"resp_{i}", [(0, f"event of {i}".encode())], "token") for i in range(8)), return_exceptions=True)
         assert statements.count("BEGIN IMMEDIATE") == 1
         assert answers[:7] == [None] * 7 and isinstance(answers[7], StoreUnavailable)  # a clash refuses its own batch only
         for i in range(7):
@@ -577,7 +582,8 @@ async def test_replicas_opening_a_new_sqlite_file_at_once_all_work(upstream: Fak
     their first operation. Twenty new files, four replicas each."""
     for trial in range(20):
         async with replicas_of(replica_config(upstream, {"url": f"sqlite:{tmp_path}/{trial}.db"}).store, 4) as stores:
-            await asyncio.gather(*(store.append(f"resp_{i}", [(0, b"event 0")]) for i, store in enumerate(stores)))
+            await asyncio.gather(*(store.claim(f"resp_{i}", "", "token", 10.0, Runs(10, 10)) for i, store in enumerate(stores)))
+            await asyncio.gather(*(store.append(f"resp_{i}", [(0, b"event 0")], "token") for i, store in enumerate(stores)))
 
 
 async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: FakeUpstream, store: dict[str, Any]) -> None:
@@ -586,10 +592,11 @@ async def test_a_batch_sent_again_is_kept_once_and_a_clash_is_refused(upstream: 
     holds an event kept already with other bytes (another replica took the run over) is
     refused whole, and what was kept stays."""
     async with replicas_of(replica_config(upstream, store).store) as (here, there):
-        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")])
-        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")])
+        await here.claim("resp_1", "owner", "token", 10.0, Runs(10, 10))
+        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")], "token")
+        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")], "token")
         with pytest.raises(StoreUnavailable):
-            await there.append("resp_1", [(2, b"failed, by a replica that took over"), (3, b"event 3")])
+            await there.append("resp_1", [(2, b"other bytes"), (3, b"event 3")], "token")
         assert await there.events("resp_1", -1, 0) == [(0, b"event 0"), (1, b"event 1"), (2, b"event 2")]
 
 
@@ -598,5 +605,30 @@ async def test_one_who_cannot_wait_reads_the_store(upstream: FakeUpstream, store
     replica ended it after a takeover): a read that cannot wait (the sweeper's) reads the store."""
     async with replicas_of(replica_config(upstream, store).store) as (here, there):
         assert await here.claim("resp_1", "owner", "here", 10.0, Runs(10, 10)) is None
-        await there.append("resp_1", [(0, b"event 0")])
+        await there.append("resp_1", [(0, b"event 0")], "here")
         assert await here.events("resp_1", -1, 0) == [(0, b"event 0")]
+
+
+async def test_a_takeover_fences_out_the_holder_it_took_the_run_from(upstream: FakeUpstream, store: dict[str, Any]) -> None:
+    """design.md 10.4: every write of a run is checked against its lease's fencing token in the
+    same step: once another replica took the expired lease, the old holder's response, events
+    and release are refused, and the taker's go through."""
+    record = StoredResponse(id="resp_1", owner="owner", created_at=1, response=msgspec.Raw(b'{"status":"in_progress","output":[]}'), input_items=msgspec.Raw(b"[]"))
+    async with replicas_of(replica_config(upstream, store).store) as (stale, taker):
+        await stale.claim("resp_1", "owner", "stale-token", 0.05, Runs(10, 10))
+        await stale.put(record, fence="stale-token")
+        await stale.append("resp_1", [(0, b"event 0")], "stale-token")
+        await asyncio.sleep(0.1)
+        assert await taker.take("resp_1", "taker-token", 10.0)
+        await taker.append("resp_1", [(1, b"failed, by the taker")], "taker-token")
+        with pytest.raises(Fenced):
+            await stale.append("resp_1", [(1, b"cancelled, by the stale holder")], "stale-token")
+        with pytest.raises(Fenced):
+            await stale.put(msgspec.structs.replace(record, response=msgspec.Raw(b'{"status":"cancelled","output":[]}')), fence="stale-token")
+        await stale.release("resp_1", "stale-token")  # the taker's lease stays
+        assert (await taker.renew("resp_1", "taker-token", 10.0)).held
+        assert await taker.events("resp_1", -1, 0) == [(0, b"event 0"), (1, b"failed, by the taker")]
+        assert bytes((await taker.get("resp_1", "owner")).response) == b'{"status":"in_progress","output":[]}'  # type: ignore[union-attr]
+        await taker.release("resp_1", "taker-token")
+        with pytest.raises(Fenced):  # no lease at all: a run that ended takes no more writes
+            await stale.append("resp_1", [(2, b"late")], "stale-token")

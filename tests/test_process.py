@@ -428,3 +428,30 @@ async def test_a_killed_replica_s_background_response_is_failed_by_another(upstr
         assert failed["output"][0]["status"] == "incomplete" and failed["output"][0]["content"][0]["text"] == "".join(WORDS[:3])
         async with http.get(f"{other.url}/v1/responses/{id}") as response:
             assert (await response.json())["status"] == "failed"
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_stale_replica_that_resumes_cannot_write_over_the_run_another_ended(upstream, spawn, tmp_path, redis_server, backend: str) -> None:
+    """design.md 10.4: a replica stopped (SIGSTOP) past its lease is taken for dead, and another
+    ends its run failed; resumed, its writes (its snapshot, events, its own cancelled ending) are
+    refused by the lease's fencing token, and its generation stops."""
+    store = {"url": f"sqlite:{tmp_path}/shared.db"} if backend == "sqlite" else {"url": redis_server.url, "prefix": f"stale-{tmp_path.name}:"}
+    config = {"upstreams": [{"name": "default", "urls": [upstream.url]}], "store": store, "background": {"lease": 1.0, "snapshot_interval": 0.1}}
+    runner, other = await spawn(config), await spawn(config)
+    upstream.script(Reply(SLOW, stall_after=4))
+    async with fresh() as http:
+        id = await _start_background(http, runner.url, upstream)
+        await asyncio.sleep(0.3)
+        runner.proc.send_signal(signal.SIGSTOP)
+        try:
+            failed = await _all_events(http, other.url, id)
+        finally:
+            runner.proc.send_signal(signal.SIGCONT)
+        assert failed[-1]["type"] == "response.failed" and failed[-1]["response"]["status"] == "failed"
+        await asyncio.wait_for(upstream.disconnected.wait(), 5)  # resumed, it found its lease gone and stopped
+        await eventually(lambda: "this one's writes are refused" in runner.stderr(), 5)
+        for url in (runner.url, other.url):
+            assert await _all_events(http, url, id) == failed
+            async with http.get(f"{url}/v1/responses/{id}") as response:
+                kept = await response.json()
+            assert kept["status"] == "failed" and kept["output"] == failed[-1]["response"]["output"]

@@ -21,9 +21,9 @@ from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 from ..errors import StoreUnavailable
-from .backend import Backend, Event, Renewal, Runs, StoredConversation, StoredResponse
+from .backend import Backend, Event, Fenced, Renewal, Runs, StoredConversation, StoredResponse
 
-__all__ = ["CapReached", "ResponseStore", "Runs", "StoredConversation", "StoredResponse", "owner_of"]
+__all__ = ["CapReached", "Fenced", "ResponseStore", "Runs", "StoredConversation", "StoredResponse", "owner_of"]
 
 log = logging.getLogger("proxy.store")
 T = TypeVar("T")
@@ -136,20 +136,21 @@ class ResponseStore:
     def health(self) -> dict[str, Any]:
         return {"ok": self.failing_since is None, "failing_since": self.failing_since, "error": self.last_error or None}
 
-    async def put(self, stored: StoredResponse, *, items: bool = True) -> None:
+    async def put(self, stored: StoredResponse, *, items: bool = True, fence: str | None = None) -> None:
         """`items`: the response's items can be referred to. A running response's are not: what
-        it made so far is rewritten at every snapshot (design.md 10.2)."""
-        await self._guard("put", self.backend.put(stored, items))
+        it made so far is rewritten at every snapshot (design.md 10.2). `fence`: a background
+        run's lease token, which must still hold its lease (10.4)."""
+        await self._guard("put", self.backend.put(stored, items, fence))
         self._writes += 1
         if self._writes % _SWEEP_EVERY == 1:
             with contextlib.suppress(StoreUnavailable):  # counted and shown; the response is kept
                 await self._guard("sweep", self.backend.sweep())
 
-    async def save(self, stored: StoredResponse, *, items: bool = True) -> bool:
+    async def save(self, stored: StoredResponse, *, items: bool = True, fence: str | None = None) -> bool:
         """Keep a response (`put`); a failure is logged and counted, never raised: the answer
-        it belongs to goes out all the same."""
+        it belongs to goes out all the same. A fenced write (`Fenced`) is raised."""
         try:
-            await self.put(stored, items=items)
+            await self.put(stored, items=items, fence=fence)
         except StoreUnavailable as error:
             log.error("response %s was not stored: %s", stored.id, error.message)
             return False
@@ -193,8 +194,8 @@ class ResponseStore:
 
     # -- a background response's events (design.md 10.2) ---------------------------------
 
-    async def append(self, id: str, events: list[Event]) -> None:
-        await self._guard("append", self.backend.append(id, events))
+    async def append(self, id: str, events: list[Event], fence: str) -> None:
+        await self._guard("append", self.backend.append(id, events, fence))
         self._here.kept(id, events)
 
     async def events(self, id: str, after: int, wait: float) -> list[Event]:
@@ -229,9 +230,9 @@ class ResponseStore:
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         return await self._guard("renew", self.backend.renew(id, holder, lease))
 
-    async def release(self, id: str) -> None:
+    async def release(self, id: str, holder: str) -> None:
         try:
-            await self._guard("release", self.backend.release(id))
+            await self._guard("release", self.backend.release(id, holder))
         finally:
             self._here.forget(id)
 
@@ -249,6 +250,8 @@ class ResponseStore:
             with self._traced(operation):
                 async with asyncio.timeout(self._timeout + waiting):
                     result = await call
+        except Fenced:  # the store works: it refused a stale holder (design.md 10.4)
+            raise
         except Exception as exc:  # whatever broke (connection, disk, timeout), the store is failing
             self._on_error(operation)
             self.last_error = f"{operation}: {exc!r}"

@@ -94,14 +94,20 @@ class Renewal(msgspec.Struct, frozen=True):
 Event = tuple[int, bytes]  # a background response's event: its sequence number, its bytes
 
 
+class Fenced(Exception):
+    """A write of a background run whose lease is no longer the writer's (another replica took
+    the run over, design.md 10.4): refused, nothing of it kept."""
+
+
 class Records(Protocol):
     """Stored responses and their items. A response is kept whole or not at all; what expired
     (`ttl`) is never answered, even before a sweep drops it."""
 
-    async def put(self, stored: StoredResponse, items: bool) -> None:
+    async def put(self, stored: StoredResponse, items: bool, fence: str | None) -> None:
         """Keep a response, replacing what was kept under its id; with `items`, its items
         (`referable_items`) too, each under the owner and its id (a later response's item of
-        the same id takes its place)."""
+        the same id takes its place). With `fence` (a run's lease token), only while that token
+        holds the run's lease, checked in the same step as the write; else `Fenced`."""
         ...
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
@@ -130,10 +136,11 @@ class Records(Protocol):
 class EventLog(Protocol):
     """A background response's events, by sequence number, readable from every replica."""
 
-    async def append(self, id: str, events: list[Event]) -> None:
-        """Add a batch, whole or not at all. An event kept already with the same bytes stays
-        (a batch whose answer was lost goes again); one kept with other bytes refuses the whole
-        batch (another replica took the run over), by raising."""
+    async def append(self, id: str, events: list[Event], fence: str) -> None:
+        """Add a batch, whole or not at all, while `fence` holds the run's lease (else
+        `Fenced`, checked in the same step). An event kept already with the same bytes stays (a
+        batch whose answer was lost goes again); one kept with other bytes refuses the whole
+        batch, by raising."""
         ...
 
     async def read(self, id: str, after: int, wait: float) -> list[Event]:
@@ -149,13 +156,15 @@ class Leases(Protocol):
     async def claim(self, id: str, owner: str, holder: str, lease: float, caps: Runs) -> Claim:
         """`holder` runs the response for `lease` seconds unless renewed, if fewer runs than
         `caps` hold a live lease; else nothing is taken. One step, so that requests arriving
-        together cannot pass a cap."""
+        together cannot pass a cap. `holder` is the lease's fencing token: unique to this claim,
+        and each takeover brings its own, so that a holder that was taken for dead and comes
+        back has every write refused (`Fenced`)."""
         ...
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal: ...
 
-    async def release(self, id: str) -> None:
-        """The run ended: its lease and its cancel flag go."""
+    async def release(self, id: str, holder: str) -> None:
+        """The run ended: its lease and its cancel flag go, if `holder` still holds it."""
         ...
 
     async def cancel(self, id: str) -> None:

@@ -12,10 +12,12 @@ from typing import TypeVar, cast
 
 import msgspec
 from redis.asyncio import Redis
+from redis.exceptions import ResponseError
 
 from .backend import (
     Claim,
     Event,
+    Fenced,
     Renewal,
     Runs,
     StoredConversation,
@@ -71,12 +73,23 @@ end
 return 0
 """
 # Writes of several keys go as one script: kept whole or not at all, and at half the proxy's CPU of
-# a pipeline in a transaction. A record (KEYS[1], ARGV[1]) and its items (KEYS[4...], ARGV[5...]),
+# a pipeline in a transaction. A record (KEYS[1], ARGV[1]) and its items (KEYS[5...], ARGV[6...]),
 # each with the time to live ARGV[2], and its id (ARGV[4]) by age (ARGV[3]) in the index of all
-# (KEYS[2]) and in its owner's (KEYS[3], which lives as long as the owner's newest):
-_PUT = """
+# (KEYS[2]) and in its owner's (KEYS[3], which lives as long as the owner's newest); a background
+# run's write only while its lease (KEYS[4]) is held by the fencing token ARGV[5] (design.md 10.4):
+_FENCE = """
+local function fenced(run, token)
+  return token ~= '' and redis.call('HGET', run, 'holder') ~= token
+end
+"""
+_PUT = (
+    _FENCE
+    + """
+if fenced(KEYS[4], ARGV[5]) then
+  return redis.error_reply('FENCED')
+end
 redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
-for i = 4, #KEYS do
+for i = 5, #KEYS do
   redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ARGV[2])
 end
 redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
@@ -87,14 +100,21 @@ local expired = '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[2]))
 redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', expired)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', expired)
 """
-# A batch of a run's events (ARGV[2...]: sequence number, event; ids as `_stream_id` makes them)
-# and the key's time to live (ARGV[1]). An event the stream holds already as it is stays (a batch
-# whose answer was lost goes again); one it holds with other bytes refuses the batch (another
-# replica took the run over). Sequence numbers rise, so a refusal comes before any XADD.
-_APPEND = """
+)
+# A batch of a run's events (ARGV[3...]: sequence number, event; ids as `_stream_id` makes them)
+# and the key's time to live (ARGV[1]), while the fencing token ARGV[2] holds the run's lease
+# (KEYS[2]). An event the stream holds already as it is stays (a batch whose answer was lost goes
+# again); one it holds with other bytes refuses the batch. Sequence numbers rise, so a refusal
+# comes before any XADD.
+_APPEND = (
+    _FENCE
+    + """
+if fenced(KEYS[2], ARGV[2]) then
+  return redis.error_reply('FENCED')
+end
 local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
 local last = top and tonumber(string.match(top[1], '%-(%d+)$')) or 0
-for i = 2, #ARGV, 2 do
+for i = 3, #ARGV, 2 do
   local n = tonumber(ARGV[i]) + 1
   if n > last then
     redis.call('XADD', KEYS[1], '0-' .. n, 'e', ARGV[i + 1])
@@ -106,6 +126,31 @@ for i = 2, #ARGV, 2 do
   end
 end
 redis.call('EXPIRE', KEYS[1], ARGV[1])
+"""
+)
+# A run's end: its lease (KEYS[1], a sorted set of ARGV[1]) and its hash (KEYS[2]) go, if the
+# fencing token ARGV[2] still holds it.
+_RELEASE = """
+if redis.call('HGET', KEYS[2], 'holder') == ARGV[2] then
+  redis.call('DEL', KEYS[2])
+  redis.call('ZREM', KEYS[1], ARGV[1])
+end
+"""
+
+
+# The oldest ids in the index of all (KEYS[1]) past the bound ARGV[1], taken out of it.
+_SURPLUS = """
+local surplus = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
+if surplus <= 0 then
+  return {}
+end
+local ids = {}
+for i, entry in ipairs(redis.call('ZPOPMIN', KEYS[1], surplus)) do
+  if i % 2 == 1 then
+    ids[#ids + 1] = entry
+  end
+end
+return ids
 """
 
 
@@ -153,6 +198,8 @@ class RedisBackend:
         self._put = self._redis.register_script(_PUT)
         self._hold = self._redis.register_script(_HOLD)
         self._let_go = self._redis.register_script(_LET_GO)
+        self._release = self._redis.register_script(_RELEASE)
+        self._surplus = self._redis.register_script(_SURPLUS)
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
@@ -184,23 +231,25 @@ class RedisBackend:
     def _run_key(self, id: str) -> str:
         return f"{self._prefix}run:{id}"
 
-    async def put(self, stored: StoredResponse, items: bool) -> None:
+    async def put(self, stored: StoredResponse, items: bool, fence: str | None) -> None:
         found = referable_items(stored) if items else []
         keys = [
             self._response_key(stored.id),
             self._index,
             self._owned(stored.owner),
+            self._run_key(stored.id),
             *(self._item_key(stored.owner, item_id) for item_id, _ in found),
         ]
         entries = (_encode_entry(_ItemEntry(stored.id, msgspec.Raw(item))) for _, item in found)
-        await self._put(keys=keys, args=[encode_stored(stored), self._ttl, stored.created_at, stored.id, *entries])
+        args: list[bytes | str | int] = [encode_stored(stored), self._ttl, stored.created_at, stored.id, fence or ""]
+        await _fenced(self._put(keys=keys, args=[*args, *entries]))
 
     async def sweep(self) -> None:
-        """Redis expires keys itself: the oldest responses past the size bound go, with their items."""
-        surplus = await self._redis.zcard(self._index) - self._max
-        if surplus > 0:
-            for id, _ in cast("list[tuple[bytes, float]]", await self._redis.zpopmin(self._index, surplus)):
-                await self._remove(id.decode(), None)
+        """Redis expires keys itself: the oldest responses past the size bound go, with their
+        items. The surplus is counted and taken out of the index in one step, so that sweeps
+        that run together on several replicas trim it once, down to the bound and no further."""
+        for id in cast("list[bytes]", await self._surplus(keys=[self._index], args=[self._max])):
+            await self._remove(id.decode(), None)
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         found = await self._redis.mget([self._response_key(id) for id in ids])
@@ -280,10 +329,9 @@ class RedisBackend:
     async def let_go(self, id: str, holder: str) -> None:
         await self._let_go(keys=[f"{self._conversation_key(id)}:hold"], args=[holder])
 
-    async def append(self, id: str, events: list[Event]) -> None:
-        await self._append(
-            keys=[self._events_key(id)], args=[self._ttl, *(part for seq, event in events for part in (seq, event))]
-        )
+    async def append(self, id: str, events: list[Event], fence: str) -> None:
+        args = [self._ttl, fence, *(part for seq, event in events for part in (seq, event))]
+        await _fenced(self._append(keys=[self._events_key(id), self._run_key(id)], args=args))
 
     async def read(self, id: str, after: int, wait: float) -> list[Event]:
         key = self._events_key(id)
@@ -309,11 +357,8 @@ class RedisBackend:
         held, cancel = await self._renew(keys=[self._runs, self._run_key(id)], args=[id, holder, time.time() + lease])
         return Renewal(held=bool(held), cancel=bool(cancel))
 
-    async def release(self, id: str) -> None:
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(self._run_key(id))
-            pipe.zrem(self._runs, id)
-            await pipe.execute()
+    async def release(self, id: str, holder: str) -> None:
+        await self._release(keys=[self._runs, self._run_key(id)], args=[id, holder])
 
     async def cancel(self, id: str) -> None:
         if await self._redis.exists(self._run_key(id)):  # a flag alone would make a stray run hash
@@ -381,6 +426,16 @@ class RedisAffinity:
             log.warning("the session map in Redis works again")
         self._failing = False
         return answer
+
+
+async def _fenced(write: Awaitable[object]) -> None:
+    """A script's write, its refusal of a stale holder raised as `Fenced`."""
+    try:
+        await write
+    except ResponseError as error:
+        if str(error) == "FENCED":
+            raise Fenced from None
+        raise
 
 
 def _stream_id(seq: int) -> str:

@@ -14,6 +14,7 @@ from typing import TypeVar
 from .backend import (
     Claim,
     Event,
+    Fenced,
     Renewal,
     Runs,
     StoredConversation,
@@ -57,6 +58,12 @@ CREATE TABLE IF NOT EXISTS runs (
 _BUSY = 5.0  # seconds a statement waits for another connection's lock
 
 
+def _holds(db: sqlite3.Connection, id: str, fence: str) -> bool:
+    """Whether the fencing token holds the run's lease (design.md 10.4), read in the write's
+    own transaction."""
+    return db.execute("SELECT 1 FROM runs WHERE response_id = ? AND holder = ?", (id, fence)).fetchone() is not None
+
+
 def _use_wal(db: sqlite3.Connection) -> None:
     """WAL mode, which the file keeps once set. Setting it takes a lock that SQLite's busy
     timeout does not wait for: replicas opening a new file at once wait here for whichever
@@ -81,10 +88,10 @@ class SQLiteBackend:
         self._max = max_responses
         self._db: sqlite3.Connection | None = None
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="sqlite-store")
-        self._appends: list[tuple[str, list[Event], asyncio.Future[None]]] = []  # for the next transaction
+        self._appends: list[tuple[str, list[Event], str, asyncio.Future[None]]] = []  # for the next transaction
 
-    async def put(self, stored: StoredResponse, items: bool) -> None:
-        await self._run(self._put, stored, items)
+    async def put(self, stored: StoredResponse, items: bool, fence: str | None) -> None:
+        await self._run(self._put, stored, items, fence)
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         return await self._run(self._get, ids, owner)
@@ -102,12 +109,12 @@ class SQLiteBackend:
         await self._run(self._close)
         self._thread.shutdown()
 
-    async def append(self, id: str, events: list[Event]) -> None:
+    async def append(self, id: str, events: list[Event], fence: str) -> None:
         loop = asyncio.get_running_loop()
         written = loop.create_future()
         if not self._appends:
             loop.call_soon(self._write_appends)
-        self._appends.append((id, events, written))
+        self._appends.append((id, events, fence, written))
         await written
 
     def _write_appends(self) -> None:
@@ -115,13 +122,13 @@ class SQLiteBackend:
         SGLang decode step reaches all its streams at once (design.md 10.2)."""
         appends, self._appends = self._appends, []
 
-        def settle(job: asyncio.Future[list[str | None]]) -> None:
+        def settle(job: asyncio.Future[list[Exception | None]]) -> None:
             failed = asyncio.CancelledError() if job.cancelled() else job.exception()
             refusals = [None] * len(appends) if failed is not None else job.result()
-            for (_, _, written), refused in zip(appends, refusals, strict=True):
+            for (*_, written), refused in zip(appends, refusals, strict=True):
                 if written.done():  # its writer stopped waiting (a timeout, a cancelled run)
                     continue
-                error = failed or (ValueError(refused) if refused else None)
+                error = failed or refused
                 if error is None:
                     written.set_result(None)
                 else:
@@ -129,7 +136,7 @@ class SQLiteBackend:
 
         try:
             job = asyncio.get_running_loop().run_in_executor(
-                self._thread, self._append, [(id, events) for id, events, _ in appends]
+                self._thread, self._append, [(id, events, fence) for id, events, fence, _ in appends]
             )
         except RuntimeError as error:  # the store was closed
             job = asyncio.get_running_loop().create_future()
@@ -145,8 +152,8 @@ class SQLiteBackend:
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
         return await self._run(self._renew, id, holder, lease)
 
-    async def release(self, id: str) -> None:
-        await self._run(self._write, "DELETE FROM runs WHERE response_id = ?", (id,))
+    async def release(self, id: str, holder: str) -> None:
+        await self._run(self._write, "DELETE FROM runs WHERE response_id = ? AND holder = ?", (id, holder))
 
     async def cancel(self, id: str) -> None:
         await self._run(self._write, "UPDATE runs SET cancel = 1 WHERE response_id = ?", (id,))
@@ -202,11 +209,13 @@ class SQLiteBackend:
             self._db = db
         return self._db
 
-    def _put(self, stored: StoredResponse, items: bool) -> None:
+    def _put(self, stored: StoredResponse, items: bool, fence: str | None) -> None:
         db = self._connection()
         expires = time.time() + self._ttl
         with db:  # one transaction: a response is kept whole or not at all
             db.execute("BEGIN IMMEDIATE")
+            if fence is not None and not _holds(db, stored.id, fence):
+                raise Fenced
             db.execute(
                 "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, record) VALUES (?, ?, ?, ?, ?)",
                 (stored.id, stored.owner, stored.created_at, expires, encode_stored(stored)),
@@ -234,7 +243,10 @@ class SQLiteBackend:
             db.execute(
                 "DELETE FROM items WHERE expires_at < ? OR response_id NOT IN (SELECT id FROM responses)", (now,)
             )
-            db.execute("DELETE FROM events WHERE expires_at < ?", (now,))
+            # Events go with their response, dropped past the bound or deleted (design.md 9.6).
+            db.execute(
+                "DELETE FROM events WHERE expires_at < ? OR response_id NOT IN (SELECT id FROM responses)", (now,)
+            )
             db.execute("DELETE FROM conversations WHERE expires_at < ?", (now,))
 
     def _get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
@@ -299,16 +311,19 @@ class SQLiteBackend:
             db.execute("BEGIN IMMEDIATE")
             return db.execute(statement, values).rowcount
 
-    def _append(self, appends: list[tuple[str, list[Event]]]) -> list[str | None]:
-        """Each run's batch, unless it holds an event kept already with other bytes (another
-        replica took the run over): why each was refused, if it was. An event kept already as
-        it is stays: a batch whose answer was lost goes again (design.md 10.2)."""
+    def _append(self, appends: list[tuple[str, list[Event], str]]) -> list[Exception | None]:
+        """Each run's batch, unless its fencing token no longer holds the run's lease, or it
+        holds an event kept already with other bytes: why each was refused, if it was. An event
+        kept already as it is stays: a batch whose answer was lost goes again (design.md 10.2)."""
         db = self._connection()
         expires = time.time() + self._ttl
-        refusals: list[str | None] = []
+        refusals: list[Exception | None] = []
         with db:
             db.execute("BEGIN IMMEDIATE")
-            for id, events in appends:
+            for id, events, fence in appends:
+                if not _holds(db, id, fence):
+                    refusals.append(Fenced())
+                    continue
                 held = dict(
                     db.execute(
                         "SELECT seq, event FROM events WHERE response_id = ? AND seq BETWEEN ? AND ?",
@@ -321,7 +336,9 @@ class SQLiteBackend:
                         "INSERT OR IGNORE INTO events (response_id, seq, expires_at, event) VALUES (?, ?, ?, ?)",
                         [(id, seq, expires, event) for seq, event in events],
                     )
-                refusals.append(None if clash is None else f"event {clash} of {id} is kept already, with other bytes")
+                refusals.append(
+                    None if clash is None else ValueError(f"event {clash} of {id} is kept already, with other bytes")
+                )
         return refusals
 
     def _events(self, id: str, after: int) -> list[Event]:
