@@ -206,6 +206,9 @@ class Store(_Section, frozen=True):
     max_responses: Annotated[int, msgspec.Meta(ge=1)] = 100_000
     timeout: Seconds = 2.0  # for one store operation: a slow store must not hold a stream
     prefix: str = "responses-proxy:"  # of the Redis keys, so that a Redis can be shared
+    # A conversation's hold, renewed every third while its writer runs: one whose process died
+    # lets its conversation go within this (design.md 9.7).
+    conversation_lease: Seconds = 30.0
 
     @property
     def sqlite_path(self) -> str | None:

@@ -12,8 +12,10 @@ import aiohttp
 import openai
 import pytest
 
+from proxy.appkeys import RUNTIME
 from proxy.config import parse
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
+from tests.harness import Running
 
 
 def answer(text: str) -> Generation:
@@ -151,3 +153,63 @@ async def test_a_compaction_and_a_token_count_read_a_conversation_and_hold_nothi
             await running.read()
         items = (await sdk.conversations.items.list(conversation.id, order="asc")).data
     assert [item.content[0].text for item in items] == ["Earlier question", "long one", "w0 w1 w2 w3 w4 w5 w6 w7 w8 w9 w10 w11 w12 w13 w14 w15 w16 w17 w18 w19 "]  # type: ignore[union-attr]
+
+
+async def test_another_key_cannot_hold_a_conversation_it_cannot_see(upstream: FakeUpstream, proxy_url: str) -> None:
+    """design.md 9.7, 9.5: the hold is its owner's. Key B, answered 404 or 400 for everything
+    of key A's conversation, loops on its id while A adds items and makes responses: A never
+    meets a 409 (B's attempts took the hold before its owner was checked)."""
+    upstream.script(*(Reply(answer(f"Answer {n}.")) for n in range(5)))
+    async with client(proxy_url) as sdk, client(proxy_url, "key-b") as other:
+        conversation = await sdk.conversations.create()
+        stop = asyncio.Event()
+        refused: list[int] = []
+
+        async def intrude() -> None:
+            item = [{"type": "message", "role": "user", "content": "mine now"}]
+            while not stop.is_set():
+                for attempt in (
+                    other.conversations.items.create(conversation.id, items=item),  # type: ignore[arg-type]
+                    other.conversations.update(conversation.id, metadata={"x": "y"}),
+                    other.responses.create(model="m", input="hi", conversation=conversation.id),
+                ):
+                    with pytest.raises(openai.APIStatusError) as answer_:
+                        await attempt
+                    refused.append(answer_.value.status_code)
+
+        intruders = [asyncio.create_task(intrude()) for _ in range(4)]
+        try:
+            for n in range(20):
+                await sdk.conversations.items.create(conversation.id, items=[{"type": "message", "role": "user", "content": f"item {n}"}])
+                if n % 4 == 0:
+                    await sdk.responses.create(model="m", input=f"turn {n}", conversation=conversation.id)
+        finally:
+            stop.set()
+            await asyncio.gather(*intruders)
+        assert refused and set(refused) <= {400, 404}
+        assert len((await sdk.conversations.items.list(conversation.id, limit=100)).data) == 30
+
+
+async def test_a_turn_reads_its_conversation_once_it_holds_it(upstream: FakeUpstream, tmp_path) -> None:
+    """design.md 9.7: a response takes the hold, then reads the conversation, so that a turn
+    that starts while another ends either meets its hold (a 409) or reads what it added: never
+    an answer without the other's items, appended after them. The store's own statements, in
+    order, show it."""
+    running = await Running.start(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "store": {"url": f"sqlite:{tmp_path}/r.db"}}))
+    try:
+        statements: list[str] = []
+        store = running.runner.app[RUNTIME].store
+        store.backend._connection().set_trace_callback(statements.append)  # type: ignore[union-attr]
+        upstream.script(Reply(answer("One.")))
+        async with client(running.url) as sdk:
+            conversation = await sdk.conversations.create()
+            statements.clear()
+            await sdk.responses.create(model="m", input="one", conversation=conversation.id)
+            held = next(n for n, statement in enumerate(statements) if statement.startswith("UPDATE conversations SET holder = 'hold_"))
+            read = next(n for n, statement in enumerate(statements) if statement.startswith("SELECT record FROM conversations"))
+            assert held < read
+            await store.hold(conversation.id, "", "another writer", 10.0)  # type: ignore[union-attr]
+            with pytest.raises(openai.ConflictError):
+                await sdk.responses.create(model="m", input="two", conversation=conversation.id)
+    finally:
+        await running.runner.cleanup()

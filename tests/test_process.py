@@ -455,3 +455,34 @@ async def test_a_stale_replica_that_resumes_cannot_write_over_the_run_another_en
             async with http.get(f"{url}/v1/responses/{id}") as response:
                 kept = await response.json()
             assert kept["status"] == "failed" and kept["output"] == failed[-1]["response"]["output"]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+async def test_a_killed_writer_lets_its_conversation_go_within_a_lease(upstream, spawn, tmp_path, redis_server, backend: str) -> None:
+    """design.md 9.7: a response holds its conversation by a lease its process renews. SIGKILL
+    the process mid-response: the conversation is refused (409) only until the lease runs out,
+    then another replica writes to it."""
+    store = {"url": f"sqlite:{tmp_path}/shared.db"} if backend == "sqlite" else {"url": redis_server.url, "prefix": f"held-{tmp_path.name}:"}
+    config = {"upstreams": [{"name": "default", "urls": [upstream.url]}], "store": {**store, "conversation_lease": 1.5}}
+    writer, other = await spawn(config), await spawn(config)
+    upstream.script(Reply(SLOW, stall_after=4))
+    async with fresh() as http:
+        async with http.post(f"{writer.url}/v1/conversations", json={}) as made:
+            conversation = (await made.json())["id"]
+        turn = asyncio.create_task(http.post(f"{writer.url}/v1/responses", json={"model": "m", "input": "hi", "conversation": conversation, "stream": True}))
+        await eventually(lambda: upstream.active_streams == 1)
+        await asyncio.sleep(1.0)  # past a third of the lease: renewed at least once
+        os.killpg(writer.proc.pid, signal.SIGKILL)
+        killed = asyncio.get_running_loop().time()
+        with contextlib.suppress(aiohttp.ClientError):
+            (await turn).close()
+        item = {"items": [{"type": "message", "role": "user", "content": "after"}]}
+
+        async def writable() -> bool:
+            async with http.post(f"{other.url}/v1/conversations/{conversation}/items", json=item) as added:
+                assert added.status in (200, 409), await added.text()
+                return added.status == 200
+
+        assert not await writable()  # its lease, renewed, still runs
+        await eventually(writable, 5)
+        assert asyncio.get_running_loop().time() - killed < 1.5 + 0.5  # within a lease of its last renewal

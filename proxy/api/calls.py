@@ -17,7 +17,7 @@ from aiohttp import web
 from ..appkeys import REQUEST_ID, RUNTIME
 from ..background import AsStored
 from ..config import Target
-from ..errors import ProxyError
+from ..errors import InvalidRequest, NotFound, ProxyError
 from ..responses.plan import Call, TranslationSettings, plan_call
 from ..responses.schema import parse_request, unknown_fields
 from ..responses.sealing import Sealer
@@ -143,37 +143,53 @@ async def plan_turn(
     parsed = parse_request(data)
     fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
     target, client = find_target(request, parsed.model)
-    past = await read_history(request, parsed, kept)
-    store = runtime.store
-    stored = store is not None and parsed.store is not False
-    call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
-    _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
-    session = call_session(request, past) if client.keyed else None
-    written = past.conversation if writes else None
-    kept_anywhere = stored or keep_here is not None or written is not None
-    as_stored = stored_form(request, data, past, session) if kept_anywhere else None
-    if runtime.tracing is not None:
-        conversation = (session or call_session(request, past)).key  # gen_ai.conversation.id: the session
-        runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation)
+    # Held before it is read, so that a turn ending meanwhile is in what this one reads (9.7).
+    held = await _hold(request, parsed.conversation_id) if writes and parsed.conversation_id else None
+    try:
+        past = await read_history(request, parsed, kept)
+        store = runtime.store
+        stored = store is not None and parsed.store is not False
+        call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
+        _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
+        session = call_session(request, past) if client.keyed else None
+        kept_anywhere = stored or keep_here is not None or held is not None
+        as_stored = stored_form(request, data, past, session) if kept_anywhere else None
+        if runtime.tracing is not None:
+            conversation = (session or call_session(request, past)).key  # gen_ai.conversation.id: the session
+            runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation)
 
-    held = await hold(request, written.id) if written is not None else None
+        async def keep(response: dict[str, Any]) -> None:
+            if as_stored is None:
+                return
+            kept_form = as_stored(response)
+            if store is not None and stored:
+                await store.save(kept_form)  # read from the store again, which a delete reaches
+            elif keep_here is not None and held is None:
+                # Kept whole, its chain's items with its own: a connection keeps a few responses, and
+                # a chain of any length continues from the last (design.md 8.9).
+                own = orjson.loads(bytes(kept_form.input_items))
+                whole = msgspec.Raw(orjson.dumps([*past.chain, *own]))
+                keep_here(msgspec.structs.replace(kept_form, input_items=whole, ancestors=[]))
+            await turn.add_to_conversation(response)
 
-    async def keep(response: dict[str, Any]) -> None:
-        if as_stored is None:
-            return
-        kept_form = as_stored(response)
-        if store is not None and stored:
-            await store.save(kept_form)  # read from the store again, which a delete reaches
-        elif keep_here is not None and held is None:
-            # Kept whole, its chain's items with its own: a connection keeps a few responses, and
-            # a chain of any length continues from the last (design.md 8.9).
-            own = orjson.loads(bytes(kept_form.input_items))
-            whole = msgspec.Raw(orjson.dumps([*past.chain, *own]))
-            keep_here(msgspec.structs.replace(kept_form, input_items=whole, ancestors=[]))
-        await turn.add_to_conversation(response)
+        turn = Turn(past, call, target, client, session, keep, as_stored, held)
+        return turn
+    except BaseException:
+        if held is not None:
+            await held.release()
+        raise
 
-    turn = Turn(past, call, target, client, session, keep, as_stored, held)
-    return turn
+
+async def _hold(request: web.Request, id: str) -> Held | None:
+    """The conversation a response writes to, held; an unknown one is a 400 naming
+    `conversation` (a 404 is the Conversations API's). Without a store, none: the history's read
+    says so."""
+    if request.app[RUNTIME].store is None:
+        return None
+    try:
+        return await hold(request, id)
+    except NotFound:
+        raise InvalidRequest(f"Conversation with id '{id}' not found.", param="conversation") from None
 
 
 def log_failure(request: web.Request, error: ProxyError | None) -> None:

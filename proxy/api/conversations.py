@@ -4,6 +4,7 @@ made with `conversation` reads its items as history and adds its input and outpu
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -14,7 +15,7 @@ import orjson
 from aiohttp import web
 
 from ..appkeys import OWNER, RUNTIME
-from ..errors import Conflict, InvalidRequest, NotFound
+from ..errors import Conflict, InvalidRequest, NotFound, StoreUnavailable
 from ..responses import history
 from ..responses.body import load_json
 from ..responses.lifecycle import new_id
@@ -24,23 +25,28 @@ from .body import read_body
 from .common import json_response, store_of
 from .stored import items_page
 
-# How long a response holds its conversation: longer than any answer takes, short enough that
-# one whose process died lets its conversation go (design.md 9.7).
-RESPONSE_HOLD = 600.0
-_REQUEST_HOLD = 10.0  # a request that changes a conversation: one read and one write
 _MAX_ITEMS = 20  # a request adds at most this many items, as OpenAI's API allows
 
 
 class Held:
-    """A conversation its holder may write to, until `release`."""
+    """A conversation its holder may write to, until `release`. The hold is a lease
+    (`store.conversation_lease`) renewed every third of it while held, so that one whose process
+    died lets its conversation go within a lease (design.md 9.7)."""
 
-    def __init__(self, store: ResponseStore, id: str, owner: str, holder: str) -> None:
-        self._store, self.id, self._owner, self._holder = store, id, owner, holder
+    def __init__(self, store: ResponseStore, id: str, owner: str, holder: str, lease: float) -> None:
+        self._store, self.id, self._owner, self._holder, self._lease = store, id, owner, holder, lease
+        self._renewing = asyncio.create_task(self._renew())
         self._released = False
+
+    async def _renew(self) -> None:
+        while True:
+            await asyncio.sleep(self._lease / 3)
+            with contextlib.suppress(StoreUnavailable):  # counted and logged; it may yet be renewed in time
+                await self._store.hold(self.id, self._owner, self._holder, self._lease)
 
     async def append(self, items: list[dict[str, Any]]) -> None:
         """Add items to the conversation as it is now; taken again if the hold ran out."""
-        if not await self._store.hold(self.id, self._holder, RESPONSE_HOLD):
+        if not await self._store.hold(self.id, self._owner, self._holder, self._lease):
             raise Conflict(f"The conversation '{self.id}' is held by another writer.", param="conversation")
         found = await self._store.conversation(self.id, self._owner)
         if found is None:
@@ -51,29 +57,31 @@ class Held:
     async def release(self) -> None:
         if not self._released:
             self._released = True
+            self._renewing.cancel()
             with contextlib.suppress(Exception):  # a store down: the hold runs out on its own
                 await self._store.let_go(self.id, self._holder)
 
 
-async def hold(request: web.Request, id: str, seconds: float = RESPONSE_HOLD) -> Held:
+async def hold(request: web.Request, id: str) -> Held:
     """The conversation held for its caller: a 409 while another writer has it, a 404 for none
-    of the key's."""
+    of the key's. Only its owner can hold it: another key's attempt takes nothing (9.5)."""
     store, owner = store_of(request), request[OWNER]
     holder = new_id("hold")
-    if not await store.hold(id, holder, seconds):
+    lease = request.app[RUNTIME].config.store.conversation_lease
+    if not await store.hold(id, owner, holder, lease):
         if await store.conversation(id, owner) is None:
             raise NotFound(f"No conversation with id '{id}'.", param="conversation_id")
         raise Conflict(
             f"The conversation '{id}' is being written to (a response on it is in progress); try again when it ends.",
             param="conversation",
         )
-    return Held(store, id, owner, holder)
+    return Held(store, id, owner, holder, lease)
 
 
 @contextlib.asynccontextmanager
 async def _changing(request: web.Request) -> AsyncIterator[tuple[Held, StoredConversation]]:
     """The conversation as it is once held, for one change."""
-    held = await hold(request, request.match_info["id"], _REQUEST_HOLD)
+    held = await hold(request, request.match_info["id"])
     try:
         yield held, await _found(request)
     finally:

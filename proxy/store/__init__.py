@@ -186,8 +186,8 @@ class ResponseStore:
     async def forget_conversation(self, id: str, owner: str) -> bool:
         return await self._guard("forget_conversation", self.backend.forget_conversation(id, owner))
 
-    async def hold(self, id: str, holder: str, seconds: float) -> bool:
-        return await self._guard("hold", self.backend.hold(id, holder, seconds))
+    async def hold(self, id: str, owner: str, holder: str, seconds: float) -> bool:
+        return await self._guard("hold", self.backend.hold(id, owner, holder, seconds))
 
     async def let_go(self, id: str, holder: str) -> None:
         await self._guard("let_go", self.backend.let_go(id, holder))

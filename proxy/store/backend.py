@@ -197,9 +197,10 @@ class Conversations(Protocol):
         """Whether the owner's conversation was there to delete."""
         ...
 
-    async def hold(self, id: str, holder: str, seconds: float) -> bool:
-        """Take the conversation's hold for `seconds`: when no one holds it, its holder's hold
-        ran out, or `holder` has it already (then it runs `seconds` from now); one holder wins."""
+    async def hold(self, id: str, owner: str, holder: str, seconds: float) -> bool:
+        """Take the hold of `owner`'s conversation for `seconds`: when no one holds it, its
+        holder's hold ran out, or `holder` has it already (then it runs `seconds` from now); one
+        holder wins. Another owner's, or none, takes nothing (checked in the same step)."""
         ...
 
     async def let_go(self, id: str, holder: str) -> None:

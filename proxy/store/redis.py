@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from typing import TypeVar, cast
 
 import msgspec
+import orjson
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
@@ -155,8 +156,12 @@ return ids
 
 
 # A conversation's hold (KEYS[1]): taken when free or already the holder's (ARGV[1]), for
-# ARGV[2] ms; given back only by its holder.
+# ARGV[2] ms, only by the conversation's owner: its record (KEYS[2]) begins with ARGV[3], its id
+# and owner as `encode_conversation` writes them first; given back only by its holder.
 _HOLD = """
+if redis.call('GETRANGE', KEYS[2], 0, #ARGV[3] - 1) ~= ARGV[3] then
+  return 0
+end
 local held = redis.call('GET', KEYS[1])
 if held and held ~= ARGV[1] then
   return 0
@@ -320,10 +325,10 @@ class RedisBackend:
         await self._redis.delete(self._conversation_key(id), f"{self._conversation_key(id)}:hold")
         return True
 
-    async def hold(self, id: str, holder: str, seconds: float) -> bool:
-        taken = await self._hold(
-            keys=[f"{self._conversation_key(id)}:hold"], args=[holder, max(1, round(seconds * 1000))]
-        )
+    async def hold(self, id: str, owner: str, holder: str, seconds: float) -> bool:
+        record = self._conversation_key(id)
+        owned = b'{"id":%s,"owner":%s,' % (orjson.dumps(id), orjson.dumps(owner))
+        taken = await self._hold(keys=[f"{record}:hold", record], args=[holder, max(1, round(seconds * 1000)), owned])
         return bool(taken)
 
     async def let_go(self, id: str, holder: str) -> None:

@@ -181,13 +181,13 @@ class SQLiteBackend:
     async def forget_conversation(self, id: str, owner: str) -> bool:
         return await self._run(self._write, "DELETE FROM conversations WHERE id = ? AND owner = ?", (id, owner)) > 0
 
-    async def hold(self, id: str, holder: str, seconds: float) -> bool:
+    async def hold(self, id: str, owner: str, holder: str, seconds: float) -> bool:
         now = time.time()
         taken = await self._run(
             self._write,
             "UPDATE conversations SET holder = ?, held_until = ? "
-            "WHERE id = ? AND (holder IS NULL OR holder = ? OR held_until < ?)",
-            (holder, now + seconds, id, holder, now),
+            "WHERE id = ? AND owner = ? AND expires_at >= ? AND (holder IS NULL OR holder = ? OR held_until < ?)",
+            (holder, now + seconds, id, owner, now, holder, now),
         )
         return taken > 0
 
