@@ -15,7 +15,8 @@ import logging
 import os
 import socket
 import uuid
-from collections.abc import Awaitable, Callable
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
@@ -64,6 +65,7 @@ class BackgroundRuns:
         # token begins with it (design.md 10.4).
         self.holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self._runs: dict[str, asyncio.Task[None]] = {}
+        self._followers: Counter[str] = Counter()  # streams following a run here, by key
         self._stopping = False
         self.sweeper = asyncio.create_task(self._sweep())  # lives as long as the process
 
@@ -98,6 +100,24 @@ class BackgroundRuns:
         self._runs[id] = asyncio.create_task(self._run(id, token, translator, as_stored, calls))
         self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
         return queued
+
+    @contextlib.contextmanager
+    def following(self, owner: str) -> Iterator[None]:
+        """A stream that follows a run for `owner`, while it lasts; past the key's cap, a 429
+        (design.md 9.8). Without API keys every request is nobody's, and none is counted."""
+        limit = self._settings.max_followers_per_key
+        if not owner:
+            yield
+            return
+        if self._followers[owner] >= limit:
+            raise TooManyRequests(f"This key follows {limit} background responses here already; wait for one to end.")
+        self._followers[owner] += 1
+        try:
+            yield
+        finally:
+            self._followers[owner] -= 1
+            if not self._followers[owner]:
+                del self._followers[owner]
 
     async def cancel(self, id: str) -> None:
         """Ask the run to stop: at once when it runs here, at its next renewal elsewhere."""

@@ -209,6 +209,10 @@ class Store(_Section, frozen=True):
     # A conversation's hold, renewed every third while its writer runs: one whose process died
     # lets its conversation go within this (design.md 9.7).
     conversation_lease: Seconds = 30.0
+    # Connections to Redis, waited for within `timeout` when all are taken; of them, one key's
+    # calls take at most `max_calls_per_key` at once, so that no key can take the pool (9.8).
+    max_connections: Annotated[int, msgspec.Meta(ge=1)] = 100
+    max_calls_per_key: Annotated[int, msgspec.Meta(ge=1)] = 16
 
     @property
     def sqlite_path(self) -> str | None:
@@ -243,6 +247,9 @@ class Background(_Section, frozen=True):
     max_running: Annotated[int, msgspec.Meta(ge=1)] = 64  # runs at once, all replicas and keys together
     max_running_per_key: Annotated[int, msgspec.Meta(ge=1)] = 16
     snapshot_interval: Seconds = 1.0  # how often a run stores the response as it stands
+    # Streams following background responses that one key holds open on a process at once;
+    # past it, a 429. Followers of one run share each read (design.md 9.8).
+    max_followers_per_key: Annotated[int, msgspec.Meta(ge=1)] = 1000
 
 
 class Tracing(_Section, frozen=True):

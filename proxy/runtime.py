@@ -152,8 +152,19 @@ def open_store(settings: config_module.Store, metrics: Metrics, tracing: Tracing
     if path is not None:
         backend: SQLiteBackend | RedisBackend = SQLiteBackend(path, settings.ttl, settings.max_responses)
     else:
-        backend = RedisBackend(settings.url, settings.prefix, settings.ttl, settings.max_responses, settings.timeout)
+        backend = RedisBackend(
+            settings.url,
+            settings.prefix,
+            settings.ttl,
+            settings.max_responses,
+            settings.timeout,
+            settings.max_connections,
+        )
     count = metrics.store_errors
     return ResponseStore(
-        backend, settings.timeout, lambda operation: count.labels(operation).inc(), tracing.store if tracing else None
+        backend,
+        settings.timeout,
+        lambda operation: count.labels(operation).inc(),
+        tracing.store if tracing else None,
+        settings.max_calls_per_key,
     )

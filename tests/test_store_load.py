@@ -5,16 +5,22 @@ and a real redis-server; several `ResponseStore`s over one of them are several r
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from proxy.config import parse
 from proxy.metrics import Metrics
 from proxy.runtime import open_store
 from proxy.store import ResponseStore, Runs, StoredResponse
+from tests.client import parse_sse
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
+from tests.harness import Running
+from tests.redis_server import RedisServer
 
 
 @asynccontextmanager
@@ -67,3 +73,84 @@ async def test_a_dropped_response_takes_its_events_with_it(store: dict[str, Any]
         if store["url"].startswith("sqlite:"):
             rows = replica.backend._connection().execute("SELECT COUNT(*) FROM events").fetchone()[0]  # type: ignore[attr-defined]
             assert rows == 10 * 32
+
+
+async def test_a_crowd_of_one_key_takes_no_redis_connection_from_another(upstream: FakeUpstream, redis_server: RedisServer) -> None:
+    """design.md 9.8, on a real redis-server with the pool's default 100 connections: 500
+    streams following one key's background response from another replica, and 500 turns of
+    that key chained on one response, all at once: every call answered, none a 503 (they ran
+    out of the pool: 98 of 200 chained turns, 150 followers), each follower given every event,
+    and another key's reads answered meanwhile."""
+    store = {"url": redis_server.url, "prefix": f"crowd-{uuid.uuid4().hex}:"}
+    config = parse({
+        "upstreams": [{"name": "default", "urls": [upstream.url], "max_connections": 2000}],
+        "store": store, "auth": {"api_keys": ["key-a", "key-b"]}, "background": {"lease": 5.0},
+    })
+    runner, reader = await Running.start(config), await Running.start(config)
+    a, b = {"Authorization": "Bearer key-a"}, {"Authorization": "Bearer key-b"}
+    words = [f"w{n} " for n in range(20)]
+    upstream.choose = lambda body: Reply(Generation([*(Step("text", w) for w in words), Step("finish", finish_reason="stop")]), delay=0.02)
+    try:
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=120)) as http:
+
+            async def create(url: str, headers: dict[str, str], **body: Any) -> tuple[int, dict[str, Any]]:
+                async with http.post(f"{url}/v1/responses", json={"model": "m", "input": "hi", **body}, headers=headers) as answer:
+                    return answer.status, await answer.json()
+
+            status, first = await create(reader.url, a)
+            assert status == 200
+            status, other_key = await create(reader.url, b)
+            assert status == 200
+            status, running = await create(runner.url, a, background=True)
+            assert status == 200
+
+            async def follow() -> tuple[int, list[str]]:
+                async with http.get(f"{reader.url}/v1/responses/{running['id']}?stream=true&starting_after=-1", headers=a) as answer:
+                    return answer.status, [event["type"] for event in parse_sse(await answer.read())]
+
+            async def read_other_key() -> int:
+                async with http.get(f"{reader.url}/v1/responses/{other_key['id']}", headers=b) as answer:
+                    await answer.read()
+                    return answer.status
+
+            followers = [asyncio.create_task(follow()) for _ in range(500)]
+            turns = [asyncio.create_task(create(reader.url, a, previous_response_id=first["id"])) for _ in range(500)]
+            others = [await read_other_key() for _ in range(20)]
+            followed, chained = await asyncio.gather(*followers), await asyncio.gather(*turns)
+        assert others == [200] * 20
+        assert [status for status, _ in chained] == [200] * 500
+        assert {status for status, _ in followed} == {200}
+        assert all(types[-1] == "response.completed" and types.count("response.output_text.delta") == 20 for _, types in followed)
+    finally:
+        upstream.choose = None
+        for running_proxy in (runner, reader):
+            await running_proxy.runner.cleanup()
+
+
+async def test_a_key_past_its_cap_of_followers_is_told_to_wait(upstream: FakeUpstream, store: dict[str, Any]) -> None:
+    """design.md 9.8: one key's streams following background responses on a process are
+    capped (`background.max_followers_per_key`): past it, a 429; another key follows on."""
+    config = parse({
+        "upstreams": [{"name": "default", "urls": [upstream.url]}], "store": store,
+        "auth": {"api_keys": ["key-a", "key-b"]}, "background": {"max_followers_per_key": 3},
+    })
+    proxy = await Running.start(config)
+    upstream.script(Reply(Generation([Step("text", "slow"), Step("finish", finish_reason="stop")]), stall_after=2))
+    try:
+        async with aiohttp.ClientSession() as http:
+            async with http.post(f"{proxy.url}/v1/responses", json={"model": "m", "input": "hi", "background": True}, headers={"Authorization": "Bearer key-a"}) as answer:
+                id = (await answer.json())["id"]
+            path = f"{proxy.url}/v1/responses/{id}?stream=true"
+            held = [await http.get(path, headers={"Authorization": "Bearer key-a"}) for _ in range(3)]
+            async with http.get(path, headers={"Authorization": "Bearer key-a"}) as refused:
+                assert refused.status == 429, await refused.text()
+            async with http.get(f"{proxy.url}/v1/responses/{id}", headers={"Authorization": "Bearer key-b"}) as other:
+                assert other.status == 404  # another key's follow is counted apart (and its response is not its own)
+            held.pop().close()
+            await asyncio.sleep(0.1)
+            async with http.get(path, headers={"Authorization": "Bearer key-a"}) as again:
+                assert again.status == 200
+            for response in held:
+                response.close()
+    finally:
+        await proxy.runner.cleanup()

@@ -41,8 +41,13 @@ async def start(
 async def follow(request: web.Request, id: str, after: int) -> web.StreamResponse:
     """The response's events past sequence number `after`, as they were first written, then
     the live ones to its end: from any replica (design.md 10.2)."""
+    with runs_of(request).following(request[OWNER]):
+        return await _follow(request, id, after)
+
+
+async def _follow(request: web.Request, id: str, after: int) -> web.StreamResponse:
     runtime = request.app[RUNTIME]
-    runs, store = runs_of(request), runtime.store
+    runs, store, owner = runs_of(request), runtime.store, request[OWNER]
     assert store is not None
     wait = runtime.config.keepalive or 15.0
     events = await _resumed(request, id, after)  # before the stream begins: its errors are answers
@@ -54,10 +59,10 @@ async def follow(request: web.Request, id: str, after: int) -> web.StreamRespons
             return response
         while True:
             if not events:
-                events = await store.events(id, after, wait)
+                events = await store.events(id, after, wait, owner)
             if not events:
                 await response.write(KEEPALIVE)
-                await runs.end_if_lost(id, request[OWNER])  # its holder may have died meanwhile
+                await runs.end_if_lost(id, owner)  # its holder may have died meanwhile
                 if await _ended_by(request, id, after):
                     await response.write_eof(DONE)
                     return response

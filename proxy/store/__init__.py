@@ -16,9 +16,10 @@ import contextlib
 import hashlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractContextManager
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any, TypeVar, cast
 
 from ..errors import StoreUnavailable
 from .backend import Backend, Event, Fenced, Renewal, Runs, StoredConversation, StoredResponse
@@ -27,6 +28,7 @@ __all__ = ["CapReached", "Fenced", "ResponseStore", "Runs", "StoredConversation"
 
 log = logging.getLogger("proxy.store")
 T = TypeVar("T")
+_Reading = dict[tuple[object, ...], asyncio.Future[Any]]  # the reads in flight, by what they read
 
 
 def owner_of(api_key: str | None) -> str:
@@ -96,6 +98,42 @@ class KeptHere:
         self._last.pop(id, None)
 
 
+def _forget(reading: _Reading, key: tuple[object, ...], read: asyncio.Future[Any]) -> None:
+    """A shared read ended: the next is made anew. Its failure, if no caller was left to read
+    it, is read here (each caller that was is told by `_guard`)."""
+    if reading.get(key) is read:
+        del reading[key]
+    if not read.cancelled():
+        read.exception()
+
+
+class _PerKey:
+    """At most `limit` store calls of one key in flight at once; the rest wait their turn
+    (within the operation's time), so that one key cannot take the connections of all
+    (design.md 9.8). Calls of no key (without API keys, every request's) are not counted."""
+
+    def __init__(self, limit: int | None) -> None:
+        self._limit = limit
+        self._slots: dict[str, tuple[asyncio.Semaphore, int]] = {}  # a key's, and its calls in flight
+
+    @contextlib.asynccontextmanager
+    async def slot(self, owner: str | None) -> AsyncIterator[None]:
+        if not owner or self._limit is None:
+            yield
+            return
+        semaphore, calls = self._slots.get(owner) or (asyncio.Semaphore(self._limit), 0)
+        self._slots[owner] = (semaphore, calls + 1)
+        try:
+            async with semaphore:
+                yield
+        finally:
+            semaphore, calls = self._slots[owner]
+            if calls == 1:
+                del self._slots[owner]
+            else:
+                self._slots[owner] = (semaphore, calls - 1)
+
+
 def _settle(reader: asyncio.Future[bool], came: bool) -> None:
     if not reader.done():
         reader.set_result(came)
@@ -123,8 +161,11 @@ class ResponseStore:
         timeout: float,
         on_error: Callable[[str], None],
         traced: Callable[[str], AbstractContextManager[None]] | None = None,
+        calls_per_key: int | None = None,
     ) -> None:
         self.backend = backend
+        self._per_key = _PerKey(calls_per_key)
+        self._reading: _Reading = {}
         self._traced = traced or _untraced  # an operation's span, where tracing is on
         self._timeout = timeout
         self._on_error = on_error
@@ -160,17 +201,21 @@ class ResponseStore:
         return (await self.get_many([id], owner)).get(id)
 
     async def get_many(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
-        return await self._guard("get", self.backend.get(ids, owner))
+        found = await self._once(("get", owner, *ids), lambda: self._guard("get", self.backend.get(ids, owner), owner))
+        return dict(found)
 
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
-        return await self._guard("items", self.backend.items(ids, owner))
+        found = await self._once(
+            ("items", owner, *ids), lambda: self._guard("items", self.backend.items(ids, owner), owner)
+        )
+        return dict(found)
 
     async def recent(self, owner: str, after: str | None, limit: int) -> list[StoredResponse] | None:
-        return await self._guard("recent", self.backend.recent(owner, after, limit))
+        return await self._guard("recent", self.backend.recent(owner, after, limit), owner)
 
     async def delete(self, id: str, owner: str) -> bool:
         self._here.forget(id)
-        return await self._guard("delete", self.backend.delete(id, owner))
+        return await self._guard("delete", self.backend.delete(id, owner), owner)
 
     async def close(self) -> None:
         await self.backend.close()
@@ -178,16 +223,20 @@ class ResponseStore:
     # -- conversations (design.md 9.7) -----------------------------------------------------
 
     async def conversation(self, id: str, owner: str) -> StoredConversation | None:
-        return await self._guard("conversation", self.backend.conversation(id, owner))
+        return await self._once(
+            ("conversation", owner, id),
+            lambda: self._guard("conversation", self.backend.conversation(id, owner), owner),
+        )
 
     async def keep_conversation(self, conversation: StoredConversation) -> None:
-        await self._guard("keep_conversation", self.backend.keep_conversation(conversation))
+        owner = conversation.owner
+        await self._guard("keep_conversation", self.backend.keep_conversation(conversation), owner)
 
     async def forget_conversation(self, id: str, owner: str) -> bool:
-        return await self._guard("forget_conversation", self.backend.forget_conversation(id, owner))
+        return await self._guard("forget_conversation", self.backend.forget_conversation(id, owner), owner)
 
     async def hold(self, id: str, owner: str, holder: str, seconds: float) -> bool:
-        return await self._guard("hold", self.backend.hold(id, owner, holder, seconds))
+        return await self._guard("hold", self.backend.hold(id, owner, holder, seconds), owner)
 
     async def let_go(self, id: str, holder: str) -> None:
         await self._guard("let_go", self.backend.let_go(id, holder))
@@ -198,11 +247,13 @@ class ResponseStore:
         await self._guard("append", self.backend.append(id, events, fence))
         self._here.kept(id, events)
 
-    async def events(self, id: str, after: int, wait: float) -> list[Event]:
+    async def events(self, id: str, after: int, wait: float, owner: str | None = None) -> list[Event]:
         """The events past sequence number `after`, waiting up to `wait` seconds for one. A
         reader of a run kept here is handed each batch as it is kept, unread; one behind that
         batch, one of a run kept elsewhere, and one caught up that heard nothing for a poll
-        interval (another replica may have taken the run over) read the backend."""
+        interval (another replica may have taken the run over) read the backend, in one read
+        for all the readers at the same point (the followers of a run: design.md 9.8). `owner`:
+        the key a follower reads for."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + wait
         from_here = wait > 0  # the backend may hold what was not kept here: read it, for one who cannot wait
@@ -210,7 +261,7 @@ class ResponseStore:
             found = self._here.after(id, after) if from_here else None
             if found is None:
                 block = max(0.0, deadline - loop.time())
-                found = await self._guard("events", self.backend.read(id, after, block), block)
+                found = await self._once(("events", id, after, block > 0), partial(self._read, id, after, block, owner))
                 # What the backend lacked may have been kept here while it was read.
                 found = found or self._here.after(id, after) or []
             left = deadline - loop.time()
@@ -245,10 +296,23 @@ class ResponseStore:
     async def expired(self) -> list[tuple[str, str]]:
         return await self._guard("expired", self.backend.expired())
 
-    async def _guard(self, operation: str, call: Awaitable[T], waiting: float = 0.0) -> T:
+    async def _read(self, id: str, after: int, block: float, owner: str | None) -> list[Event]:
+        return await self._guard("events", self.backend.read(id, after, block), owner, block)
+
+    async def _once(self, key: tuple[object, ...], read: Callable[[], Awaitable[T]]) -> T:
+        """A read made once for all its callers while it is in flight (design.md 9.8): the
+        followers of one run, the turns that chain on one response. The read goes on for the
+        others when one caller is cancelled; its result is theirs to read, not to change."""
+        shared = self._reading.get(key)
+        if shared is None:
+            shared = self._reading[key] = asyncio.ensure_future(read())
+            shared.add_done_callback(lambda done: _forget(self._reading, key, done))
+        return cast(T, await asyncio.shield(shared))
+
+    async def _guard(self, operation: str, call: Awaitable[T], owner: str | None = None, waiting: float = 0.0) -> T:
         try:
             with self._traced(operation):
-                async with asyncio.timeout(self._timeout + waiting):
+                async with asyncio.timeout(self._timeout + waiting), self._per_key.slot(owner):
                     result = await call
         except Fenced:  # the store works: it refused a stale holder (design.md 10.4)
             raise

@@ -12,7 +12,7 @@ from typing import TypeVar, cast
 
 import msgspec
 import orjson
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
 from redis.exceptions import ResponseError
 
 from .backend import (
@@ -190,12 +190,21 @@ class RedisBackend:
     """Records, event log and leases (`backend.Backend`) on one Redis server. A read of events
     blocks on the stream, so an append on any replica wakes it."""
 
-    def __init__(self, url: str, prefix: str, ttl: float, max_responses: int, timeout: float) -> None:
+    def __init__(
+        self, url: str, prefix: str, ttl: float, max_responses: int, timeout: float, max_connections: int
+    ) -> None:
         # No socket timeout: every operation is bounded by the store's own (design.md 9.1), a
         # blocking read of a background response's events by its wait as well, and redis-py
         # drops a connection whose command was cancelled. A socket timeout would cut those
-        # reads, and wraps every command's send in a task of its own.
-        self._redis = Redis.from_url(url, socket_timeout=None, socket_connect_timeout=timeout)
+        # reads, and wraps every command's send in a task of its own. A full pool is waited for
+        # (within the operation's time), not failed at once (9.8).
+        pool = BlockingConnectionPool.from_url(
+            url, max_connections=max_connections, timeout=None, socket_timeout=None, socket_connect_timeout=timeout
+        )
+        self._redis = Redis(connection_pool=pool)
+        # Reads that block on a stream hold a connection for their whole wait: at most a quarter
+        # of the pool does; past it, a read answers at once and its reader polls (9.8).
+        self._blocking = asyncio.Semaphore(max(1, max_connections // 4))
         self._claim = self._redis.register_script(_CLAIM)
         self._renew = self._redis.register_script(_RENEW)
         self._take = self._redis.register_script(_TAKE)
@@ -340,13 +349,14 @@ class RedisBackend:
 
     async def read(self, id: str, after: int, wait: float) -> list[Event]:
         key = self._events_key(id)
-        if wait <= 0:
+        if wait <= 0 or self._blocking.locked():
             entries = cast(_Entries, await self._redis.xrange(key, min=f"({_stream_id(after)}"))
         else:
-            streams = cast(
-                "list[tuple[bytes, _Entries]]",
-                await self._redis.xread({key: _stream_id(after)}, block=max(1, round(wait * 1000))),
-            )
+            async with self._blocking:
+                streams = cast(
+                    "list[tuple[bytes, _Entries]]",
+                    await self._redis.xread({key: _stream_id(after)}, block=max(1, round(wait * 1000))),
+                )
             entries = streams[0][1] if streams else []
         return [(int(entry_id.decode().split("-")[1]) - 1, fields[b"e"]) for entry_id, fields in entries]
 
