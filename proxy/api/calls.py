@@ -165,11 +165,11 @@ async def plan_turn(
             if store is not None and stored:
                 await store.save(kept_form)  # read from the store again, which a delete reaches
             elif keep_here is not None and held is None:
-                # Kept whole, its chain's items with its own: a connection keeps a few responses, and
-                # a chain of any length continues from the last (design.md 8.9).
+                # Kept whole, its chain's items with its own and no link: a connection keeps a few
+                # responses, and a chain of any length continues from the last (design.md 8.9).
                 own = orjson.loads(bytes(kept_form.input_items))
                 whole = msgspec.Raw(orjson.dumps([*past.chain, *own]))
-                keep_here(msgspec.structs.replace(kept_form, input_items=whole, ancestors=[]))
+                keep_here(msgspec.structs.replace(kept_form, input_items=whole, previous=None))
             await turn.add_to_conversation(response)
 
         turn = Turn(past, call, target, client, session, keep, as_stored, held)

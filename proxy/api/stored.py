@@ -31,7 +31,6 @@ class History:
     """What a request's own input leans on: the chain before it and the items it references."""
 
     request: CreateResponse  # with its input expanded: the chain's items, then its own
-    ancestors: list[str]  # kept with its response
     referenced: dict[str, dict[str, Any]]
     previous: StoredResponse | None = None  # the response it continues
     chain: list[dict[str, Any]] = field(default_factory=list)  # the chain's items, oldest first
@@ -48,7 +47,7 @@ async def read_history(
     if parsed.conversation_id is not None:
         return await _conversation_history(request, parsed, parsed.conversation_id, wanted)
     if previous_id is None and not wanted:
-        return History(parsed, [], {})
+        return History(parsed, {})
     kept = kept or {}
     store = request.app[RUNTIME].store
     if store is None and (wanted or previous_id not in kept):
@@ -57,31 +56,39 @@ async def read_history(
             "This proxy keeps no responses (store: none): nothing to continue or refer to.", param=param
         )
     owner = request[OWNER]
-    ancestors: list[str] = []
-    chain: list[StoredResponse] = []
-    previous = None
-    if previous_id is not None:
-        previous = kept.get(previous_id) or (await store.get(previous_id, owner) if store is not None else None)
-        if previous is None:
-            raise InvalidRequest(
-                f"Previous response with id '{previous_id}' not found.", param="previous_response_id", code=_NOT_FOUND
-            )
-        ancestors = [*previous.ancestors, previous.id]
-        found = {id: kept[id] for id in previous.ancestors if id in kept}
-        unread = [id for id in previous.ancestors if id not in found]
-        if unread and store is not None:
-            found |= await store.get_many(unread, owner)
-        missing = [id for id in previous.ancestors if id not in found]
-        if missing:
-            raise InvalidRequest(
-                f"The response '{missing[-1]}' of this chain is no longer stored.",
-                param="previous_response_id",
-                code=_NOT_FOUND,
-            )
-        chain = [*(found[id] for id in previous.ancestors), previous]
+    chain = [] if previous_id is None else await _chain(store, previous_id, owner, kept)
     referenced = await _referenced(store, wanted, owner)
     items = history.chain_items([(bytes(stored.input_items), bytes(stored.response)) for stored in chain])
-    return History(history.expand(parsed, items, referenced), ancestors, referenced, previous, items)
+    previous = chain[-1] if chain else None
+    return History(history.expand(parsed, items, referenced), referenced, previous, items)
+
+
+async def _chain(
+    store: ResponseStore | None, id: str, owner: str, kept: Mapping[str, StoredResponse]
+) -> list[StoredResponse]:
+    """The chain that ends with the response `id`, oldest first: its links read from the store
+    in one walk, back to its first response or to one the connection keeps, which holds its
+    whole chain (design.md 8.9). An unknown previous response, or a link no longer stored, is a
+    400 (design.md 9.4)."""
+    chain, stopped = await store.chain(id, owner) if store is not None and id not in kept else ([], id)
+    if stopped is not None and stopped in kept:
+        chain, stopped = [kept[stopped], *chain], None
+    if not chain:
+        raise InvalidRequest(
+            f"Previous response with id '{id}' not found.", param="previous_response_id", code=_NOT_FOUND
+        )
+    earlier = chain[0].ancestors if stopped is None else []
+    if earlier and store is not None:  # a record written before links names its whole chain
+        found = await store.get_many(earlier, owner)
+        stopped = next((link for link in reversed(earlier) if link not in found), None)
+        chain = [*(found[link] for link in earlier if link in found), *chain]
+    if stopped is not None:
+        raise InvalidRequest(
+            f"The response '{stopped}' of this chain is no longer stored.",
+            param="previous_response_id",
+            code=_NOT_FOUND,
+        )
+    return chain
 
 
 async def _conversation_history(request: web.Request, parsed: CreateResponse, id: str, wanted: list[str]) -> History:
@@ -94,7 +101,7 @@ async def _conversation_history(request: web.Request, parsed: CreateResponse, id
         raise InvalidRequest(f"Conversation with id '{id}' not found.", param="conversation")
     referenced = await _referenced(store, wanted, owner)
     items = [orjson.loads(bytes(item)) for item in found.items]
-    return History(history.expand(parsed, items, referenced), [], referenced, None, items, found)
+    return History(history.expand(parsed, items, referenced), referenced, None, items, found)
 
 
 async def _referenced(store: ResponseStore | None, wanted: list[str], owner: str) -> dict[str, dict[str, Any]]:
@@ -116,7 +123,7 @@ def stored_form(request: web.Request, data: dict[str, Any], past: History, sessi
             created_at=response["created_at"],
             response=msgspec.Raw(orjson.dumps(response)),
             input_items=input_items,
-            ancestors=past.ancestors,
+            previous=None if past.previous is None else past.previous.id,
             referenced=list(past.referenced),
             session=None if session is None else session.key,
             replica=None if session is None else session.served_by,

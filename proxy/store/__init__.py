@@ -204,6 +204,14 @@ class ResponseStore:
         found = await self._once(("get", owner, *ids), lambda: self._guard("get", self.backend.get(ids, owner), owner))
         return dict(found)
 
+    async def chain(self, id: str, owner: str) -> tuple[list[StoredResponse], str | None]:
+        """`Records.chain`: the response and those before it, oldest first, and the link not
+        kept, if the walk stopped at one."""
+        found, stopped = await self._once(
+            ("chain", owner, id), lambda: self._guard("chain", self.backend.chain(id, owner), owner)
+        )
+        return list(found), stopped
+
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         found = await self._once(
             ("items", owner, *ids), lambda: self._guard("items", self.backend.items(ids, owner), owner)

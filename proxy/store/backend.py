@@ -10,16 +10,22 @@ from typing import Protocol
 import msgspec
 
 
-class StoredResponse(msgspec.Struct, gc=False):
+class StoredResponse(msgspec.Struct, gc=False, kw_only=True, omit_defaults=True):
     """One response as kept: the Response object and its own input items as JSON, whose key
-    created it, and the earlier responses of its chain (oldest first), so that a chain is
-    read in one round trip."""
+    created it, and the response it continues: a chain is its links, each record of a size of
+    its own whatever the chain's length, read in one round trip (`Records.chain`, design.md
+    9.4)."""
 
+    # The first three fields, in this order, are where Redis's chain walk reads a record's
+    # owner and link without decoding the rest (`redis._CHAIN`); a link of none is left out.
     id: str
     owner: str
+    previous: str | None = None
     created_at: int
     response: msgspec.Raw
     input_items: msgspec.Raw
+    # A record written before links named every earlier response of its chain here, oldest
+    # first; it is still read so (design.md 9.4), and none is written now.
     ancestors: list[str] = []
     # Input items that were `item_reference`s: they stay the items of the responses that made
     # them, so that this one's end (deleted, expired) leaves them referable (design.md 9.4).
@@ -112,6 +118,13 @@ class Records(Protocol):
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         """The responses of these ids that are kept and belong to `owner`."""
+        ...
+
+    async def chain(self, id: str, owner: str) -> tuple[list[StoredResponse], str | None]:
+        """The owner's response `id` and the responses before it, each its `previous`, oldest
+        first, in one round trip; with the id of the link where the walk stopped because it is
+        not kept (or not the owner's): `id` itself when nothing was read, None when the walk
+        reached the chain's first response."""
         ...
 
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:

@@ -102,6 +102,31 @@ redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', expired)
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', expired)
 """
 )
+# A chain read in one step (design.md 9.4): from the response ARGV[1] back along each record's
+# link, while each is kept and its owner is ARGV[2]; the records (keys ARGV[3] .. id), newest
+# first, after the id of the link where the walk stopped ('' when it reached the chain's first
+# response). The owner and the link are read where `encode_stored` writes them, first in the
+# record: a link costs the one GET of the record the walk returns anyway, where a key of its own
+# would be a second read a link, and a second key to write, expire and delete with each record.
+# Records are named here, not passed: one Redis server, not a cluster (as `_CLAIM`).
+_CHAIN = """
+local found = {''}
+local id = ARGV[1]
+while id do
+  local record = redis.call('GET', ARGV[3] .. id)
+  local owner, link = nil, nil
+  if record then
+    owner, link = string.match(record, '^{"id":"[^"]*","owner":"([^"]*)",()')
+  end
+  if owner ~= ARGV[2] then
+    found[1] = id
+    return found
+  end
+  found[#found + 1] = record
+  id = string.match(record, '^"previous":"([^"]*)"', link)
+end
+return found
+"""
 # A batch of a run's events (ARGV[3...]: sequence number, event; ids as `_stream_id` makes them)
 # and the key's time to live (ARGV[1]), while the fencing token ARGV[2] holds the run's lease
 # (KEYS[2]). An event the stream holds already as it is stays (a batch whose answer was lost goes
@@ -210,6 +235,7 @@ class RedisBackend:
         self._take = self._redis.register_script(_TAKE)
         self._append = self._redis.register_script(_APPEND)
         self._put = self._redis.register_script(_PUT)
+        self._chain = self._redis.register_script(_CHAIN)
         self._hold = self._redis.register_script(_HOLD)
         self._let_go = self._redis.register_script(_LET_GO)
         self._release = self._redis.register_script(_RELEASE)
@@ -269,6 +295,10 @@ class RedisBackend:
         found = await self._redis.mget([self._response_key(id) for id in ids])
         kept = [decode_stored(data) for data in found if data is not None]
         return {stored.id: stored for stored in kept if stored.owner == owner}
+
+    async def chain(self, id: str, owner: str) -> tuple[list[StoredResponse], str | None]:
+        stopped, *records = await self._chain(args=[id, owner, self._response_key("")])
+        return [decode_stored(record) for record in reversed(records)], stopped.decode() or None
 
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         found = await self._redis.mget([self._item_key(owner, id) for id in ids])

@@ -31,7 +31,7 @@ T = TypeVar("T")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS responses (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, created_at INTEGER NOT NULL, expires_at REAL NOT NULL,
-    record BLOB NOT NULL
+    record BLOB NOT NULL, previous TEXT
 );
 CREATE INDEX IF NOT EXISTS responses_by_age ON responses (created_at);
 CREATE INDEX IF NOT EXISTS responses_by_owner ON responses (owner, created_at, id);
@@ -62,6 +62,16 @@ def _holds(db: sqlite3.Connection, id: str, fence: str) -> bool:
     """Whether the fencing token holds the run's lease (design.md 10.4), read in the write's
     own transaction."""
     return db.execute("SELECT 1 FROM runs WHERE response_id = ? AND holder = ?", (id, fence)).fetchone() is not None
+
+
+def _add_links(db: sqlite3.Connection) -> None:
+    """A file made before chains were links (design.md 9.4) gets the column of each response's
+    link; checked and added in one transaction, so that processes opening it at once add it once.
+    Its rows keep none: their records name their whole chain (`StoredResponse.ancestors`)."""
+    with db:
+        db.execute("BEGIN IMMEDIATE")
+        if "previous" not in {column for _, column, *_ in db.execute("PRAGMA table_info(responses)")}:
+            db.execute("ALTER TABLE responses ADD COLUMN previous TEXT")
 
 
 def _use_wal(db: sqlite3.Connection) -> None:
@@ -95,6 +105,9 @@ class SQLiteBackend:
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         return await self._run(self._get, ids, owner)
+
+    async def chain(self, id: str, owner: str) -> tuple[list[StoredResponse], str | None]:
+        return await self._run(self._chain, id, owner)
 
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         return await self._run(self._items, ids, owner)
@@ -206,6 +219,7 @@ class SQLiteBackend:
             _use_wal(db)
             db.execute("PRAGMA synchronous=NORMAL")
             db.executescript(_SCHEMA)
+            _add_links(db)
             self._db = db
         return self._db
 
@@ -217,8 +231,9 @@ class SQLiteBackend:
             if fence is not None and not _holds(db, stored.id, fence):
                 raise Fenced
             db.execute(
-                "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, record) VALUES (?, ?, ?, ?, ?)",
-                (stored.id, stored.owner, stored.created_at, expires, encode_stored(stored)),
+                "INSERT OR REPLACE INTO responses (id, owner, created_at, expires_at, record, previous) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (stored.id, stored.owner, stored.created_at, expires, encode_stored(stored), stored.previous),
             )
             db.executemany(
                 "INSERT OR REPLACE INTO items (owner, id, response_id, expires_at, item) VALUES (?, ?, ?, ?, ?)",
@@ -257,6 +272,26 @@ class SQLiteBackend:
         )
         found = [decode_stored(row[0]) for row in rows]
         return {stored.id: stored for stored in found}
+
+    def _chain(self, id: str, owner: str) -> tuple[list[StoredResponse], str | None]:
+        """One recursive statement along the links; the oldest row's link, when it has one, is
+        the link that was not found."""
+        now = time.time()
+        rows = (
+            self._connection()
+            .execute(
+                "WITH RECURSIVE chain (depth, previous, record) AS ("
+                "SELECT 0, previous, record FROM responses WHERE id = ? AND owner = ? AND expires_at >= ? "
+                "UNION ALL SELECT depth + 1, link.previous, link.record FROM chain "
+                "JOIN responses AS link ON link.id = chain.previous WHERE link.owner = ? AND link.expires_at >= ?"
+                ") SELECT previous, record FROM chain ORDER BY depth DESC",
+                (id, owner, now, owner, now),
+            )
+            .fetchall()
+        )
+        if not rows:
+            return [], id
+        return [decode_stored(record) for _, record in rows], rows[0][0]
 
     def _recent(self, owner: str, after: str | None, limit: int) -> list[StoredResponse] | None:
         db, now = self._connection(), time.time()
