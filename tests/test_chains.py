@@ -1,6 +1,7 @@
 """Chains as links (design.md 9.2, 9.4, 9.6) and references in bulk, through the real proxy on
 both backends: each stored response keeps its own input and the id of the one it continues, a
-chain is read in one walk however long it is, and records written before links are still read."""
+chain is read in one walk however long it is, records written before links are still read, and
+a request may refer to more items than one read of the store carries."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from proxy.appkeys import RUNTIME
 from proxy.store import ResponseStore, StoredResponse, owner_of
 from tests.client import envelope
 from tests.fake_upstream import FakeUpstream, Reply
-from tests.harness import Running
+from tests.harness import Running, post
 from tests.test_store import text_turn
 from tests.test_websocket import one_turn
 
@@ -237,3 +238,28 @@ async def test_records_written_before_links_are_still_read(
     assert said(upstream.requests[-1]) == [*before, "D asks", "ok", "E asks"]
     error = await refused(http, running.url, {"input": "more", "previous_response_id": "resp_x"})
     assert error["code"] == "previous_response_not_found" and "resp_gone" in error["message"]
+
+
+async def test_references_by_the_hundred_thousand_are_read_in_batches(
+    upstream: FakeUpstream, launch: Callable[..., Awaitable[Running]], http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 9.4: 260,000 references to no stored item (12 MB, under the body limit) are
+    a 400 naming the first, at once, on either backend (not a 503: more ids than SQLite binds
+    in one statement); a request that refers to more items than one read carries (600, some
+    twice) is answered with each of them in its place."""
+    running = await launch(store=store)
+    upstream.script(Reply(text_turn("ok")))
+    started = time.monotonic()
+    body = {"model": "m", "input": [{"type": "item_reference", "id": f"msg_{i:06}"} for i in range(260_000)]}
+    status, _, raw = await post(http, running.url, body, seconds=30)
+    assert status == 400 and envelope(orjson.loads(raw))["param"] == "input[0].id"
+    assert time.monotonic() - started < 10
+    lines = [{"type": "message", "role": "user", "content": f"line {i}", "id": f"msg_{i:03}"} for i in range(600)]
+    await turn(http, running.url, lines, None)
+    references = [{"type": "item_reference", "id": f"msg_{i:03}"} for i in (*range(600), 599, 0)]
+    status, _, raw = await post(http, running.url, {"model": "m", "input": references})
+    assert status == 200, raw
+    assert said(upstream.requests[-1]) == [f"line {i}" for i in (*range(600), 599, 0)]
+    missing = [*references[:550], {"type": "item_reference", "id": "msg_nowhere"}]
+    status, _, raw = await post(http, running.url, {"model": "m", "input": missing})
+    assert status == 400 and envelope(orjson.loads(raw))["param"] == "input[550].id"

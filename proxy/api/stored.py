@@ -24,6 +24,9 @@ from .common import find_stored, json_response, store_of
 
 # OpenAI's code for a previous response it does not know (design.md 9.4).
 _NOT_FOUND = "previous_response_not_found"
+# A request may refer to hundreds of thousands of items within the body's limit: more ids than
+# one read binds (SQLite's variables) or should carry.
+_ITEMS_PER_READ = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,8 +108,18 @@ async def _conversation_history(request: web.Request, parsed: CreateResponse, id
 
 
 async def _referenced(store: ResponseStore | None, wanted: list[str], owner: str) -> dict[str, dict[str, Any]]:
-    """The stored items the request's `item_reference`s name, by id (design.md 9.4)."""
-    found = await store.items(wanted, owner) if wanted and store is not None else {}
+    """The stored items the request's `item_reference`s name, by id (design.md 9.4): each id
+    once, read `_ITEMS_PER_READ` at a time, up to the first read that lacks one (the request is
+    a 400 naming it then, whatever the others name)."""
+    if store is None:  # then nothing is: `read_history` refused the request
+        return {}
+    found: dict[str, bytes] = {}
+    distinct = list(dict.fromkeys(wanted))
+    for start in range(0, len(distinct), _ITEMS_PER_READ):
+        read = distinct[start : start + _ITEMS_PER_READ]
+        found |= await store.items(read, owner)
+        if len(found) < start + len(read):
+            break
     return {id: orjson.loads(item) for id, item in found.items()}
 
 
