@@ -3,6 +3,7 @@ printed as plain text or markdown."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 
 COLUMNS = ("metric", "proxy", "baseline", "direct", "proxy vs baseline", "target", "result", "note")
@@ -29,16 +30,25 @@ def ms(seconds: float, sign: bool = False) -> str:
 
 
 def text_table(rows: list[Row]) -> str:
-    table = [list(COLUMNS), *(row.cells() for row in rows)]
-    widths = [max(len(line[i]) for line in table) for i in range(len(COLUMNS))]
+    return text_grid(COLUMNS, [row.cells() for row in rows])
+
+
+def markdown_table(rows: list[Row]) -> str:
+    return markdown_grid(COLUMNS, [row.cells() for row in rows])
+
+
+def text_grid(columns: Sequence[str], cells: list[list[str]]) -> str:
+    """Any table (a bench of its own columns), as plain text."""
+    table = [list(columns), *cells]
+    widths = [max(len(line[i]) for line in table) for i in range(len(columns))]
     lines = ["  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip() for line in table]
     lines.insert(1, "  ".join("-" * width for width in widths))
     return "\n".join(lines)
 
 
-def markdown_table(rows: list[Row]) -> str:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in row.cells()) + " |" for row in rows]
+def markdown_grid(columns: Sequence[str], cells: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    lines += ["| " + " | ".join(cell.replace("|", "\\|") for cell in line) + " |" for line in cells]
     return "\n".join(lines)
 
 
