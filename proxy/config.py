@@ -236,6 +236,10 @@ class Connections(_Section, frozen=True):
     # over HTTP. A connection lasts at most `websocket_lifetime`, its response in flight ended.
     websockets: bool = True
     websocket_lifetime: Seconds = 3600.0
+    # What a connection may queue while a turn runs (frames, and their bytes together); past it,
+    # an error frame and a close (1008): nothing more is held (design.md 8.9).
+    websocket_queue: Annotated[int, msgspec.Meta(ge=1)] = 16
+    websocket_queue_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
 
 
 class Background(_Section, frozen=True):

@@ -169,3 +169,27 @@ async def test_a_stored_response_deleted_cannot_be_continued_on_its_connection(
             assert deleted.status == 200
         (error,) = await one_turn(socket, {"type": "response.create", "model": "m", "input": "more", "previous_response_id": made})
     assert error["error"]["code"] == "previous_response_not_found"
+
+
+@pytest.mark.parametrize("flood", ["frames", "bytes"])
+async def test_what_a_connection_queues_while_a_turn_runs_is_bounded(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, flood: str) -> None:
+    """design.md 8.9: frames that come while a turn runs wait within a bound (frames, bytes):
+    past it the client gets an error frame, the connection closes with 1008, and the turn
+    running stops with its upstream request; nothing queued is run."""
+    connections = {"websocket_queue": 4, "websocket_queue_bytes": 64 * 1024}
+    proxy = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "connections": connections}))
+    long = Generation([*(Step("text", f"w{i} ") for i in range(40)), Step("finish", finish_reason="stop")])
+    upstream.script(Reply(long, stall_after=4))
+    frame = {"type": "response.create", "model": "m", "input": "hi"}
+    queued = [frame] * 5 if flood == "frames" else [{**frame, "input": "x" * 40_000}] * 2
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        await socket.send_json(frame)
+        assert (await socket.receive_json(timeout=10))["type"] == "response.created"
+        for extra in queued:
+            await socket.send_json(extra)
+        messages = [message async for message in socket]
+    errors = [message.json() for message in messages if message.type == aiohttp.WSMsgType.TEXT and message.json()["type"] == "error"]
+    assert errors[-1]["status"] == 429 and "frames" in errors[-1]["error"]["message"], errors
+    assert socket.close_code == 1008
+    await asyncio.wait_for(upstream.disconnected.wait(), 2)
+    assert len(upstream.requests) == 1

@@ -12,10 +12,10 @@ import time
 from collections import OrderedDict, deque
 
 import orjson
-from aiohttp import WSMessage, WSMsgType, web
+from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from ..appkeys import REQUEST_ID, RUNTIME
-from ..errors import InvalidRequest, ProxyError, UpgradeRequired
+from ..errors import InvalidRequest, ProxyError, TooManyRequests, UpgradeRequired
 from ..relay import end_compaction, relay
 from ..responses import compaction
 from ..responses.body import load_json
@@ -47,13 +47,15 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
     loop = asyncio.get_running_loop()
     ends_at = loop.time() + config.connections.websocket_lifetime
     # The socket is read while a turn runs, so that a client's close stops its generation at
-    # once (design.md 4.10); frames that come meanwhile wait their turn.
+    # once (design.md 4.10); frames that come meanwhile wait their turn, within a bound (8.9).
     waiting: deque[str | bytes] = deque()
+    queued = 0  # the bytes of the frames waiting
     receiving: asyncio.Task[WSMessage] | None = None
     turn: asyncio.Task[None] | None = None
     try:
         while True:
             if turn is None and waiting:
+                queued -= len(waiting[0])
                 turn = asyncio.create_task(connection.turn(waiting.popleft()))
             if receiving is None and loop.time() < ends_at:
                 receiving = asyncio.create_task(socket.receive(timeout=max(0.0, ends_at - loop.time())))
@@ -70,6 +72,12 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
                     message = None
                 receiving = None
                 if message is not None and message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                    queued += len(message.data)
+                    if len(waiting) >= config.connections.websocket_queue or (
+                        queued > config.connections.websocket_queue_bytes and waiting
+                    ):
+                        await connection.overflowed()
+                        break  # the turn running stops, and what waits goes
                     waiting.append(message.data)
                 elif message is not None:
                     break  # closed: a turn still running stops, and its upstream request with it
@@ -163,6 +171,19 @@ class _Connection:
                         await self._socket.send_str(data.decode())
         except TimeoutError:
             raise ClientGone("the client took nothing for client_idle") from None
+
+    async def overflowed(self) -> None:
+        """More frames came while a turn ran than the connection may queue (design.md 8.9):
+        said in an error frame, then the connection closes (1008)."""
+        limits = self._request.app[RUNTIME].config.connections
+        await self._send_error(
+            TooManyRequests(
+                f"More than {limits.websocket_queue} frames or {limits.websocket_queue_bytes} bytes waited for the "
+                "turn running on this connection; send the next when it ends.",
+                param="type",
+            )
+        )
+        await self._socket.close(code=WSCloseCode.POLICY_VIOLATION, message=b"too many frames queued")
 
     async def _send_error(self, error: ProxyError) -> None:
         """The transport's error frame: the error's envelope, with its status."""
