@@ -47,6 +47,9 @@ class ProxyError(Exception):
     in_stream = False
     # Whether the message may carry what the client must not see (an upstream's own words).
     internal = False
+    # Whether the client should try again, as the `x-should-retry` header the openai SDKs
+    # honour says (they retry every 5xx otherwise); None: their own rule.
+    retry: bool | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)
@@ -151,6 +154,7 @@ class NotImplementedHere(ProxyError):
 
     status = 501
     code = "not_implemented"
+    retry = False  # the upstream lacks it: asked again, it lacks it still
 
 
 class StoreUnavailable(ProxyError):

@@ -72,7 +72,10 @@ http_log.addFilter(MalformedRequests())
 
 
 def error_response(error: ProxyError) -> web.Response:
-    return json_response(error.envelope(), status=error.status)
+    response = json_response(error.envelope(), status=error.status)
+    if error.retry is not None:
+        response.headers["x-should-retry"] = "true" if error.retry else "false"
+    return response
 
 
 @web.middleware

@@ -10,6 +10,7 @@ import struct
 import zlib
 from typing import Any
 
+import aiohttp
 import orjson
 import pytest
 import zstandard
@@ -17,7 +18,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from proxy.config import parse
 from tests.client import LOGPROBS, envelope, parse_sse, validate_response
-from tests.fake_upstream import Generation, Reply, Step, score
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 from tests.harness import handler_errors
 
 GEN = Generation([Step("text", "ok", [score("ok")]), Step("finish", finish_reason="stop")])
@@ -287,8 +288,8 @@ FIELDS = [
     case("stream_options", "stream_options-list", stream=True, stream_options=[1]),
     case("store", "store-string", store="no"),
     case("metadata", "metadata-list", metadata=["a"]),
-    case("metadata[...]", "metadata-value-int", metadata={"k": 5}),  # msgspec's name for any key
-    case("metadata[...]", "metadata-value-too-long", metadata={"k": "x" * 513}),
+    case("metadata", "metadata-value-int", metadata={"k": 5}),
+    case("metadata", "metadata-value-too-long", metadata={"k": "x" * 513}),
     case("user", "user-int", user=5),
     case("service_tier", "service_tier-int", service_tier=1),
     case("previous_response_id", "previous_response_id", previous_response_id="resp_1"),
@@ -320,3 +321,45 @@ async def test_huge_top_logprobs_is_capped(upstream, proxy, http, streaming: boo
     assert final["top_logprobs"] == 20
     (sent,) = upstream.requests
     assert sent.get("top_logprobs") == (20 if include else None)
+
+
+@pytest.mark.parametrize("bad", [123, {"x": 1}, True])
+async def test_an_item_id_that_is_no_string_is_refused_where_it_would_be_lost(upstream: FakeUpstream, start_proxy, store: dict[str, Any], bad: Any) -> None:
+    """design.md 8.2: an input item's id is kept and listed as a string; any other was answered
+    200 and then never stored (a background one a 503, a conversation's item unreachable). A 400
+    names it, in a response's input and a conversation's items alike."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "store": store}))
+    item = {"type": "message", "role": "user", "content": "hi", "id": bad}
+    async with aiohttp.ClientSession() as http:
+        for body in ({"model": "m", "input": [item]}, {"model": "m", "input": [item], "background": True}):
+            async with http.post(f"{url}/v1/responses", json=body) as answer:
+                assert answer.status == 400 and (await answer.json())["error"]["param"] == "input[0].id"
+        async with http.post(f"{url}/v1/conversations", json={"items": [item]}) as answer:
+            assert answer.status == 400 and (await answer.json())["error"]["param"] == "items[0].id"
+    assert upstream.requests == []
+
+
+@pytest.mark.parametrize(
+    "metadata",
+    [{f"k{n}": "v" for n in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 1}],
+    ids=["17 pairs", "a long key", "a long value", "a number"],
+)
+async def test_metadata_is_held_to_openais_limits(upstream: FakeUpstream, start_proxy, store: dict[str, Any], metadata: dict[str, Any]) -> None:
+    """design.md 9.2: 16 pairs, keys up to 64 characters, string values up to 512, on responses
+    and conversations alike (40,000 keys were kept as one 29 MB record)."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "store": store}))
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{url}/v1/conversations", json={}) as made:
+            conversation = (await made.json())["id"]
+        for path, body in (
+            ("/v1/responses", {"model": "m", "input": "hi", "metadata": metadata}),
+            ("/v1/conversations", {"metadata": metadata}),
+            (f"/v1/conversations/{conversation}", {"metadata": metadata}),
+        ):
+            async with http.post(f"{url}{path}", json=body) as answer:
+                assert answer.status == 400, (path, await answer.text())
+                assert (await answer.json())["error"]["param"] == "metadata"
+        most = {f"k{n}" * 1: "v" * 512 for n in range(16)} | {"k" * 64: "v"}
+        most.pop("k0")
+        async with http.post(f"{url}/v1/conversations", json={"metadata": most}) as answer:
+            assert answer.status == 200 and (await answer.json())["metadata"] == most

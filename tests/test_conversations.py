@@ -213,3 +213,17 @@ async def test_a_turn_reads_its_conversation_once_it_holds_it(upstream: FakeUpst
                 await sdk.responses.create(model="m", input="two", conversation=conversation.id)
     finally:
         await running.runner.cleanup()
+
+
+async def test_a_conversations_messages_carry_their_status(upstream: FakeUpstream, proxy_url: str) -> None:
+    """The SDK's conversation `Message` requires `status`: the messages a client added (as items,
+    or as a response's input) carry it, as the model's do."""
+    upstream.script(Reply(answer("Hello.")))
+    async with client(proxy_url) as sdk:
+        conversation = await sdk.conversations.create(items=[{"type": "message", "role": "user", "content": "Hi"}])
+        await sdk.conversations.items.create(conversation.id, items=[{"type": "message", "role": "developer", "content": "Be brief."}])
+        await sdk.responses.create(model="m", input="Go on", conversation=conversation.id)
+        listed = (await sdk.conversations.items.list(conversation.id, order="asc")).data
+        assert [item.status for item in listed] == ["completed"] * 4  # type: ignore[union-attr]
+        raw = await sdk.conversations.items.with_raw_response.retrieve(listed[0].id, conversation_id=conversation.id)  # type: ignore[union-attr]
+        assert raw.parse().status == "completed" and raw.http_response.json()["status"] == "completed"  # type: ignore[union-attr]

@@ -4,6 +4,7 @@ send (SGLang's /v1/tokenize, vLLM's /tokenize), or a 501 says what the upstream 
 
 from __future__ import annotations
 
+import httpx2 as httpx
 import openai
 import pytest
 
@@ -38,3 +39,19 @@ async def test_an_upstream_without_a_tokenizer_is_a_501_naming_it(upstream: Fake
             await client.responses.input_tokens.count(model="qwen3", input="hi")
     assert refused.value.status_code == 501
     assert "upstream u" in refused.value.message and refused.value.body["code"] == "not_implemented"
+
+
+async def test_the_501_tells_the_sdks_not_to_retry(upstream: FakeUpstream, start_proxy) -> None:
+    """design.md 8.12: the openai SDKs retry every 5xx twice unless `x-should-retry: false`;
+    an upstream without a tokenizer lacks it on every try, so the SDK asks once."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "dialect": "generic"}]}))
+    sent: list[httpx.Request] = []
+
+    async def count(request: httpx.Request) -> None:
+        sent.append(request)
+
+    async with httpx.AsyncClient(event_hooks={"request": [count]}) as http, openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", http_client=http) as client:
+        with pytest.raises(openai.APIStatusError) as refused:
+            await client.responses.input_tokens.count(model="qwen3", input="hi")
+    assert refused.value.status_code == 501 and refused.value.response.headers["x-should-retry"] == "false"
+    assert len(sent) == 1

@@ -19,7 +19,7 @@ from ..errors import Conflict, InvalidRequest, NotFound, StoreUnavailable
 from ..responses import history
 from ..responses.body import load_json
 from ..responses.lifecycle import new_id
-from ..responses.schema import parse_items
+from ..responses.schema import parse_items, parse_metadata
 from ..store import ResponseStore, StoredConversation
 from .body import read_body
 from .common import json_response, store_of
@@ -105,10 +105,7 @@ async def _body(request: web.Request) -> dict[str, Any]:
 
 
 def _metadata(data: dict[str, Any]) -> dict[str, str]:
-    metadata = data.get("metadata") or {}
-    if not isinstance(metadata, dict) or len(metadata) > 16 or not all(isinstance(v, str) for v in metadata.values()):
-        raise InvalidRequest("'metadata' is an object of at most 16 string values.", param="metadata")
-    return metadata
+    return parse_metadata(data.get("metadata"))
 
 
 def _new_items(data: dict[str, Any], required: bool) -> list[dict[str, Any]]:
@@ -118,7 +115,7 @@ def _new_items(data: dict[str, Any], required: bool) -> list[dict[str, Any]]:
         return []
     if not isinstance(items, list) or not 0 < len(items) <= _MAX_ITEMS:
         raise InvalidRequest(f"'items' is a list of 1 to {_MAX_ITEMS} input items.", param="items")
-    parse_items(items)  # what is wrong names the item
+    parse_items(items, "items")  # what is wrong names the item
     return history.stored_input(items, {}, new_id)
 
 

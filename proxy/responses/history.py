@@ -77,9 +77,13 @@ def stored_input(data_input: Any, referenced: dict[str, dict[str, Any]], new_id:
         if item["type"] == "item_reference":
             kept.append(referenced[item["id"]])
             continue
-        if item["type"] == "message" and isinstance(item.get("content"), str):
-            part = "output_text" if item.get("role") == "assistant" else "input_text"
-            item["content"] = [{"type": part, "text": item["content"]}]
+        if item["type"] == "message":
+            if isinstance(item.get("content"), str):
+                part = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": part, "text": item["content"]}]
+            # The SDK's conversation `Message` requires it; a message a client sent is whole.
+            if item.get("status") is None:
+                item["status"] = "completed"
         if item.get("id") is None:
             item["id"] = new_id(_ID_PREFIXES.get(item["type"], "item"))
         kept.append(item)

@@ -287,6 +287,26 @@ Unit = Annotated[float, msgspec.Meta(ge=0, le=1)]
 Penalty = Annotated[float, msgspec.Meta(ge=-2, le=2)]
 
 
+# OpenAI's limits on `metadata` (responses and conversations alike): 16 pairs, keys of up to 64
+# characters, values strings of up to 512; a client's record stays a bounded size (design.md 9.2).
+Metadata = Annotated[
+    dict[Annotated[str, msgspec.Meta(max_length=64)], Annotated[str, msgspec.Meta(max_length=512)]],
+    msgspec.Meta(max_length=16),
+]
+
+
+def parse_metadata(value: Any) -> dict[str, str]:
+    """A `metadata` object within OpenAI's limits, or a 400 naming it."""
+    try:
+        return msgspec.convert(value or {}, Metadata)
+    except msgspec.ValidationError as exc:
+        reason = str(exc).partition(" - at ")[0]
+        raise InvalidRequest(
+            f"Invalid 'metadata': {reason} (at most 16 pairs, keys up to 64 characters, string values up to 512).",
+            param="metadata",
+        ) from None
+
+
 class CreateResponse(msgspec.Struct):
     model: Annotated[str, msgspec.Meta(min_length=1)]
     # Left out, the conversation is the chain alone (`previous_response_id`).
@@ -309,7 +329,7 @@ class CreateResponse(msgspec.Struct):
     stream: bool | None = None
     stream_options: dict[str, Any] | None = None
     store: bool | None = None
-    metadata: dict[str, Annotated[str, msgspec.Meta(max_length=512)]] | None = None
+    metadata: Metadata | None = None
     # Accepted and ignored: they cannot change the generated tokens (design.md 5.4).
     user: str | None = None
     safety_identifier: str | None = None
@@ -367,6 +387,8 @@ def parse_request(data: Any) -> CreateResponse:
     items = data.get("input")
     if isinstance(items, list):
         fields["input"] = _prepared(items)
+    if data.get("metadata") is not None:  # its message says the limits, wherever it fails them
+        fields["metadata"] = parse_metadata(data["metadata"])
     if "tool_choice" in data:
         fields["tool_choice"] = _stand_in(
             data["tool_choice"], lambda kind: kind not in (*CHOSEN_BY_NAME, "allowed_tools")
@@ -379,18 +401,20 @@ def parse_request(data: Any) -> CreateResponse:
     return request
 
 
-def parse_items(items: list[Any]) -> list[InputItem]:
-    """Items kept from earlier responses, as input items."""
+def parse_items(items: list[Any], field: str = "input") -> list[InputItem]:
+    """Items kept from earlier responses, or a Conversations API request's (`field`), as input
+    items."""
     try:
-        return msgspec.convert(_prepared(items), list[InputItem])
+        return msgspec.convert(_prepared(items, field), list[InputItem])
     except msgspec.ValidationError as exc:
         raise _validation_error(str(exc)) from None
 
 
-def _prepared(items: list[Any]) -> list[Any]:
+def _prepared(items: list[Any], field: str = "input") -> list[Any]:
     """Items as msgspec reads them: the two kinds that may leave out their type typed (an
     EasyInputMessage `{role, content}`, an item reference `{id}`), an item with no chat form
-    replaced by its stand-in."""
+    replaced by its stand-in. An item's id, kept and listed as a string, is one (design.md 8.2):
+    accepted otherwise, it could never be stored."""
     prepared = []
     for index, item in enumerate(items):
         item = typed_item(item)
@@ -398,9 +422,11 @@ def _prepared(items: list[Any]) -> list[Any]:
         if isinstance(kind, str) and kind in UNHONOURED_ITEMS:
             raise InvalidRequest(
                 f"'{kind}' input items are not supported by this proxy: {UNHONOURED_ITEMS[kind]}.",
-                param=f"input[{index}].type",
+                param=f"{field}[{index}].type",
                 code="unsupported_parameter",
             )
+        if isinstance(item, dict) and not isinstance(item.get("id"), str | None):
+            raise InvalidRequest("An item's 'id' is a string, or left out.", param=f"{field}[{index}].id")
         if kind in _COMPACTION_NAMES and isinstance(item.get("encrypted_content"), str):
             item = {**item, "type": "compaction"}
         elif kind == "context_compaction":  # a marker with no summary
