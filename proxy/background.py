@@ -17,7 +17,6 @@ import socket
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
-from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,25 +25,22 @@ import orjson
 
 from .config import Background
 from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
-from .relay import Compactor, end_compaction, relay
+from .relay import Sink
 from .responses.lifecycle import failed_ending, is_terminal
 from .responses.translate import ResponseTranslator
 from .store import CapReached, Fenced, ResponseStore, Runs, StoredResponse
-from .upstream.client import Exchange
 
 log = logging.getLogger("proxy.background")
 
 AsStored = Callable[[dict[str, Any]], StoredResponse]  # a Response as it is kept
-Post = Callable[[], AbstractAsyncContextManager[Exchange]]  # the upstream request, sent when entered
 
 
 @dataclass(frozen=True, slots=True)
 class Calls:
-    """What a run calls: its upstream request, its compaction after the answer (design.md
-    8.10), and its turn's end (its conversation, 9.7), given the response if it ended."""
+    """What a run calls: its rounds, driven into the sink it is given (the turn layer's loop,
+    design.md 2.3), and its turn's end (its conversation, 9.7), given the response if it ended."""
 
-    post: Post
-    compactor: Compactor
+    drive: Callable[[Sink], Awaitable[None]]
     ended: Callable[[dict[str, Any] | None], Awaitable[None]]
 
 
@@ -149,9 +145,7 @@ class BackgroundRuns:
         keeper = asyncio.create_task(self._keep_lease(id, token, run))
         try:
             await events.write(translator.start())
-            async with calls.post() as exchange:
-                await relay(translator, exchange, events)
-            await end_compaction(translator, calls.compactor, events)
+            await calls.drive(events)
         except ProxyError as error:  # the upstream refused, or could not be reached
             await events.write(translator.fail(error))
         except asyncio.CancelledError:

@@ -14,6 +14,7 @@ PACKAGE = ROOT / "proxy"
 
 # What each layer may import from the package, besides itself.
 ALLOWED = {
+    "turns": {"errors", "config", "runtime", "background", "relay", "responses", "store", "upstream"},
     "responses": {"errors"},
     "relay": {"errors", "responses", "upstream"},
     "background": {"errors", "config", "relay", "responses", "store", "upstream"},
@@ -48,6 +49,21 @@ def test_imports_run_one_way(layer: str) -> None:
         for name in imported_modules(path):
             top = name.split(".")[0]
             assert top == layer or top in ALLOWED[layer], f"{path.relative_to(ROOT)} imports proxy.{name}"
+
+
+def test_the_turn_layer_knows_no_http_framework() -> None:
+    """design.md 2.1: a turn is planned, run and kept without an aiohttp request or response;
+    the HTTP handlers and the WebSocket adapt their transport to it."""
+    for path in sorted((PACKAGE / "turns").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = (
+                [alias.name for alias in node.names]
+                if isinstance(node, ast.Import)
+                else [f"{node.module}.{alias.name}" for alias in node.names]
+                if isinstance(node, ast.ImportFrom) and node.module
+                else []
+            )
+            assert not [name for name in names if name.startswith("aiohttp")], f"{path.relative_to(ROOT)} imports {names}"
 
 
 def test_cited_rules_exist() -> None:

@@ -3,34 +3,45 @@ its key), and JSON answers, built one way."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import orjson
 from aiohttp import web
 
 from ..appkeys import MODEL_PATTERN, OWNER, REQUEST_ID, RUNTIME
-from ..config import Target, served_models
-from ..errors import NotFound, ServerShuttingDown
+from ..config import Target
+from ..errors import NotFound
 from ..store import ResponseStore, StoredResponse
+from ..turns.turn import Caller, Turn, plan_turn, route, routed
 from ..upstream.client import UpstreamClient
 
 
 def find_target(request: web.Request, model: str) -> tuple[Target, UpstreamClient]:
-    runtime = request.app[RUNTIME]
-    if runtime.draining:  # new generations go to a replica that stays (design.md 5.10)
-        raise ServerShuttingDown("The proxy is shutting down; retry on another replica.")
-    found = runtime.target(model)
-    if found is None:
-        served = ", ".join(served_models(runtime.config))
-        raise NotFound(
-            f"The model '{model}' is not served here. Served: {served}.", param="model", code="model_not_found"
-        )
+    found = route(request.app[RUNTIME], model)
     request[MODEL_PATTERN] = found[0].pattern
     return found
 
 
-def upstream_headers(request: web.Request) -> dict[str, str]:
-    return {"X-Request-ID": request[REQUEST_ID]}
+def caller_of(request: web.Request) -> Caller:
+    """The request as the turn layer knows its caller (design.md 2.3)."""
+    return Caller(request[OWNER], request[REQUEST_ID], request.headers)
+
+
+async def plan(
+    request: web.Request,
+    data: Any,
+    kept: Mapping[str, StoredResponse] | None = None,
+    keep_here: Callable[[StoredResponse], None] | None = None,
+    *,
+    writes: bool = True,
+) -> Turn:
+    """A Responses call planned by the turn layer (`plan_turn`), its route a metrics label from
+    the moment it is known."""
+    runtime = request.app[RUNTIME]
+    call = routed(runtime, data)
+    request[MODEL_PATTERN] = call.target.pattern
+    return await plan_turn(runtime, caller_of(request), call, kept, keep_here, writes=writes)
 
 
 def store_of(request: web.Request) -> ResponseStore:

@@ -1,10 +1,9 @@
 """The Conversations API on the response store (design.md 9.7): a conversation and its items,
-owned by the API key like responses, and written by one writer at a time (the hold); a response
-made with `conversation` reads its items as history and adds its input and output to it."""
+owned by the API key like responses, and written by one writer at a time (the hold,
+`turns.conversations`)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator
@@ -15,12 +14,13 @@ import orjson
 from aiohttp import web
 
 from ..appkeys import OWNER, RUNTIME
-from ..errors import Conflict, InvalidRequest, NotFound, StoreUnavailable
+from ..errors import InvalidRequest, NotFound
 from ..responses import history
 from ..responses.body import load_json
 from ..responses.lifecycle import new_id
 from ..responses.schema import parse_items, parse_metadata
-from ..store import ResponseStore, StoredConversation
+from ..store import StoredConversation
+from ..turns.conversations import Held, hold
 from .body import read_body
 from .common import json_response, store_of
 from .stored import items_page
@@ -28,60 +28,11 @@ from .stored import items_page
 _MAX_ITEMS = 20  # a request adds at most this many items, as OpenAI's API allows
 
 
-class Held:
-    """A conversation its holder may write to, until `release`. The hold is a lease
-    (`store.conversation_lease`) renewed every third of it while held, so that one whose process
-    died lets its conversation go within a lease (design.md 9.7)."""
-
-    def __init__(self, store: ResponseStore, id: str, owner: str, holder: str, lease: float) -> None:
-        self._store, self.id, self._owner, self._holder, self._lease = store, id, owner, holder, lease
-        self._renewing = asyncio.create_task(self._renew())
-        self._released = False
-
-    async def _renew(self) -> None:
-        while True:
-            await asyncio.sleep(self._lease / 3)
-            with contextlib.suppress(StoreUnavailable):  # counted and logged; it may yet be renewed in time
-                await self._store.hold(self.id, self._owner, self._holder, self._lease)
-
-    async def append(self, items: list[dict[str, Any]]) -> None:
-        """Add items to the conversation as it is now; taken again if the hold ran out."""
-        if not await self._store.hold(self.id, self._owner, self._holder, self._lease):
-            raise Conflict(f"The conversation '{self.id}' is held by another writer.", param="conversation")
-        found = await self._store.conversation(self.id, self._owner)
-        if found is None:
-            raise NotFound(f"No conversation with id '{self.id}'.", param="conversation")
-        added = [msgspec.Raw(orjson.dumps(item)) for item in items]
-        await self._store.keep_conversation(msgspec.structs.replace(found, items=[*found.items, *added]))
-
-    async def release(self) -> None:
-        if not self._released:
-            self._released = True
-            self._renewing.cancel()
-            with contextlib.suppress(Exception):  # a store down: the hold runs out on its own
-                await self._store.let_go(self.id, self._holder)
-
-
-async def hold(request: web.Request, id: str) -> Held:
-    """The conversation held for its caller: a 409 while another writer has it, a 404 for none
-    of the key's. Only its owner can hold it: another key's attempt takes nothing (9.5)."""
-    store, owner = store_of(request), request[OWNER]
-    holder = new_id("hold")
-    lease = request.app[RUNTIME].config.store.conversation_lease
-    if not await store.hold(id, owner, holder, lease):
-        if await store.conversation(id, owner) is None:
-            raise NotFound(f"No conversation with id '{id}'.", param="conversation_id")
-        raise Conflict(
-            f"The conversation '{id}' is being written to (a response on it is in progress); try again when it ends.",
-            param="conversation",
-        )
-    return Held(store, id, owner, holder, lease)
-
-
 @contextlib.asynccontextmanager
 async def _changing(request: web.Request) -> AsyncIterator[tuple[Held, StoredConversation]]:
     """The conversation as it is once held, for one change."""
-    held = await hold(request, request.match_info["id"])
+    lease = request.app[RUNTIME].config.store.conversation_lease
+    held = await hold(store_of(request), request.match_info["id"], request[OWNER], lease)
     try:
         yield held, await _found(request)
     finally:

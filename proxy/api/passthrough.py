@@ -10,7 +10,7 @@ from ..responses.body import load_json
 from ..responses.session import chat_session, from_headers
 from ..upstream.affinity import Session
 from .body import read_body
-from .common import find_target, upstream_headers
+from .common import caller_of, find_target
 from .streaming import ClientWatch, cut_short_on_failure
 
 
@@ -26,7 +26,9 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if client.keyed:
         key = chat_session(data, from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers))
         session = None if key is None else Session(key)
-    async with client.post(request.path, sent, upstream_headers(request), relayed=True, session=session) as exchange:
+    async with client.post(
+        request.path, sent, caller_of(request).upstream_headers(), relayed=True, session=session
+    ) as exchange:
         upstream = exchange.response
         headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json")}
         if hdrs.CONTENT_ENCODING in upstream.headers:  # the bytes go as they came: say how (design.md 6.10)

@@ -1,4 +1,5 @@
-"""POST /v1/responses: parse, route, call the upstream, write what the translator produces."""
+"""POST /v1/responses over HTTP: the body read, the turn planned and run by the turn layer
+(design.md 2.3), its events written as an SSE stream or its Response as JSON."""
 
 from __future__ import annotations
 
@@ -9,18 +10,18 @@ from typing import Any
 
 from aiohttp import web
 
-from ..appkeys import MODEL_PATTERN, RUNTIME
+from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from ..background import Calls
 from ..errors import ProxyError
 from ..metrics import Metrics
-from ..relay import end_compaction, relay
 from ..responses import compaction
 from ..responses.body import load_json
 from ..responses.translate import ResponseTranslator
+from ..turns import rounds
+from ..turns.turn import Keep, Turn, log_failure
 from . import background, compact
 from .body import read_body
-from .calls import Keep, Turn, log_failure, plan_turn
-from .common import json_response
+from .common import json_response, plan
 from .streaming import ClientWatch, EventStream
 
 log = logging.getLogger("proxy")
@@ -29,14 +30,13 @@ log = logging.getLogger("proxy")
 async def create_response(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     data = load_json(await read_body(request), request.app[RUNTIME].config.requests.max_depth)
-    turn = await plan_turn(request, data)
+    turn = await plan(request, data)
     if turn.call.background:
+        translator = turn.translator()
         # The run ends the turn, its conversation's hold with it (design.md 9.7).
-        calls = Calls(lambda: turn.post(request), compact.compactor(request, turn), turn.end)
+        calls = Calls(lambda sink: rounds.run(turn, translator, sink), turn.end)
         try:
-            return await background.start(
-                request, turn.translator(request), turn.stored_as, calls, stream=turn.call.stream
-            )
+            return await background.start(request, translator, turn.stored_as, calls, stream=turn.call.stream)
         except BaseException:
             await turn.release()
             raise
@@ -50,41 +50,23 @@ async def _answered(request: web.Request, turn: Turn, started: float) -> web.Str
     call, keep = turn.call, turn.keep
     if compaction.triggered(turn.past.request):
         return await compact.compaction_turn(request, turn)
-    translator = turn.translator(request)
+    translator = turn.translator()
     first_chunk = None  # seconds to the first generated token, of a stream that had one
     try:
         if call.stream:
             response, output, first_chunk = await _stream(request, turn, translator, started)
         else:
-            async with turn.post(request) as exchange:
-                translator.complete(await exchange.read_body())
-            kept = _Kept(translator, keep)
-            if translator.compacting:
-                await end_compaction(translator, compact.compactor(request, turn), kept)
-            else:
-                await kept.write(b"")
+            await rounds.run(turn, translator, _Kept(translator, keep))
             output = translator.response
-            assert output is not None  # complete() ends it, or end_compaction() does
+            assert output is not None  # the rounds end it
             response = json_response(output)
     except ProxyError as error:
         if not (call.stream and error.in_stream):
             raise
         response, output = await _failed_stream(request, translator, error, keep)
     if output is not None:
-        count_usage(request, turn, output, started, first_chunk)
+        turn.answered(output, started, first_chunk)
     return response
-
-
-def count_usage(
-    request: web.Request, turn: Turn, output: dict[str, Any], started: float, first_chunk: float | None
-) -> None:
-    """A finished call's tokens, from its upstream's usage (design.md 11.4), and the time per
-    output token after the first (12.2); on its span, what it made (12.1)."""
-    runtime = request.app[RUNTIME]
-    usage, target = output["usage"], turn.target
-    runtime.metrics.answered(target.pattern, target.upstream.name, usage, first_chunk, time.monotonic() - started)
-    if runtime.tracing is not None:
-        runtime.tracing.answered(output, first_chunk)
 
 
 async def _stream(
@@ -95,7 +77,7 @@ async def _stream(
     metrics = runtime.metrics
     async with contextlib.AsyncExitStack() as upstream:
         # Entered before the stream begins: the upstream's refusal is an HTTP answer.
-        exchange = await upstream.enter_async_context(turn.post(request))
+        exchange = await upstream.enter_async_context(turn.post())
         response = EventStream()
         await response.prepare(request)
         watch = ClientWatch(
@@ -105,16 +87,15 @@ async def _stream(
         metrics.streams.inc()
         try:
             await sink.write(translator.start())
-            if await relay(translator, exchange, sink):
-                await exchange.drain()
-            await upstream.aclose()  # the upstream call is over: its connection serves the summary
-            await end_compaction(translator, compact.compactor(request, turn), sink)
+            await rounds.answer(translator, exchange, sink)
+            await upstream.aclose()  # the first round's call is over: its connection serves the next
+            await rounds.go_on(turn, translator, sink)
         except ConnectionResetError:
             pass  # the client left before aiohttp cancelled us; leaving closes the upstream
         finally:
             watch.stop()
             metrics.streams.dec()
-    log_failure(request, translator.error)
+    log_failure(translator.error, f"{request.method} {request.path}", request[REQUEST_ID])
     return response, translator.response, sink.first_chunk
 
 

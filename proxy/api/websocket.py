@@ -16,16 +16,16 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from ..appkeys import REQUEST_ID, RUNTIME
 from ..errors import InvalidRequest, ProxyError, TooManyRequests, UpgradeRequired
-from ..relay import end_compaction, relay
 from ..responses import compaction
 from ..responses.body import load_json
 from ..responses.lifecycle import completed, new_id, usage_object, whole_stream
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
+from ..turns import rounds
+from ..turns.compaction import compacted_turn
+from ..turns.turn import Turn, log_failure
 from . import stored
-from .calls import Turn, log_failure, plan_turn
-from .compact import compacted_turn, compactor
-from .responses import count_usage
+from .common import plan
 
 log = logging.getLogger("proxy")
 # The responses of one connection kept for `previous_response_id`: an agent continues the last
@@ -113,18 +113,18 @@ class _Connection:
             body = {key: value for key, value in frame.items() if key not in ("type", "generate")}
             if body.get("background"):
                 raise InvalidRequest("A background response is made over HTTP, not on a WebSocket.", param="background")
-            turn = await plan_turn(request, {**body, "stream": True}, self._kept, self._keep_here)
+            turn = await plan(request, {**body, "stream": True}, self._kept, self._keep_here)
             try:
                 if frame.get("generate") is False:
                     await self._prepared(turn)
                 elif compaction.triggered(turn.past.request):
-                    await self.send_events(whole_stream(await compacted_turn(request, turn)), turn)
+                    await self.send_events(whole_stream(await compacted_turn(turn)), turn)
                 else:
                     await self._generated(turn)
             finally:
                 await turn.release()
         except ProxyError as error:
-            log_failure(request, error)
+            log_failure(error, f"{request.method} {request.path}", request[REQUEST_ID])
             await self._send_error(error.for_client(request[REQUEST_ID]))
         except ClientGone:
             if request.transport is not None:
@@ -135,22 +135,21 @@ class _Connection:
 
     async def _generated(self, turn: Turn) -> None:
         started = time.monotonic()
-        translator = turn.translator(self._request)
+        translator = turn.translator()
         sink = _SocketSink(self, translator, turn)
         try:
-            async with turn.post(self._request) as exchange:
+            async with turn.post() as exchange:
                 await sink.write(translator.start())
-                if await relay(translator, exchange, sink):
-                    await exchange.drain()
-            await end_compaction(translator, compactor(self._request, turn), sink)
+                await rounds.answer(translator, exchange, sink)
+            await rounds.go_on(turn, translator, sink)
         except ProxyError as error:
             if not error.in_stream:
                 raise
             # An error clients act on from the event (design.md 8.7): a stream of its own.
             await sink.write(translator.start() + translator.fail(error))
-        log_failure(self._request, translator.error)
+        log_failure(translator.error, f"{self._request.method} {self._request.path}", self._request[REQUEST_ID])
         if translator.response is not None:
-            count_usage(self._request, turn, translator.response, started, None)
+            turn.answered(translator.response, started, None)
 
     async def _prepared(self, turn: Turn) -> None:
         """`generate: false`: the request's state kept without output, for a later turn to

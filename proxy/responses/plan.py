@@ -91,6 +91,9 @@ class Call:
     ignored: tuple[str, ...] = ()
     # A turn whose input and output tokens reach this many is compacted after its answer (8.10).
     compact_at: int | None = None
+    # The chat functions the proxy runs itself: a round that calls one has another after it,
+    # its calls' results given to the model (design.md 2.3).
+    run_here: frozenset[str] = frozenset()
 
 
 def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored: bool = False) -> Call:

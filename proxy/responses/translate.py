@@ -1,21 +1,20 @@
 """Chat completion chunks in, Responses events out: the pure core of the proxy.
 
-`ResponseTranslator` is a sans-I/O state machine in the manner of h11: `feed(bytes)` takes
-whatever the upstream sent and returns the SSE bytes to write, `finish()` handles the end of
-the upstream body and `fail(error)` a broken upstream. It never awaits. A non-streaming chat
-completion goes through the same machine (its `message` read as one delta, events not
-encoded), so both modes build the same Response.
+`ResponseTranslator` is a sans-I/O state machine in the manner of h11: `feed(bytes)` takes what
+the upstream sent and returns the SSE bytes to write, `finish()` the end of its body, `fail(error)`
+a break; it never awaits. A non-streaming completion goes through the same machine (its `message`
+read as one delta), so both build the same Response. A Response may take several rounds
+(design.md 2.3): a round's finish leaves it open (`round_over`) where another is due, which
+`next_round()` takes and `end()` completes it after.
 
-Scores (design.md 3.7): every score lands in `_scores`, a `ScoreBuffer`, in arrival order; an
-`output_text.delta` carries the part not yet delivered, the done events the whole list. The
-message stays open until the end of the response because a score can arrive with the last
-chunk. Delta events, most of what a stream is, are built as bytes from a head encoded once per
-item (design.md 7.3).
+Scores (3.7): every score lands in a `ScoreBuffer` in arrival order, over every round; a delta
+carries those not yet delivered, the done events the whole list, so the message closes last.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import msgspec
@@ -23,13 +22,12 @@ import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
 from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error, usage_of
+from .events import Events, OpenItem, text_part
 from .lifecycle import (
-    DONE,
     INCOMPLETE_REASONS,
     TERMINAL_EVENTS,
     Clock,
     IdSource,
-    encoded_event,
     error_event,
     new_id,
     response_error,
@@ -46,19 +44,6 @@ _UNNAMED = ToolRef("")
 _NAMELESS_CALL = "the upstream sent a tool call without a name"
 
 
-class _OpenItem:
-    """An output item while it is open: its dict (shared with `output`) and its text so far."""
-
-    __slots__ = ("index", "item", "parts", "at", "heads")
-
-    def __init__(self, index: int, item: dict[str, Any]) -> None:
-        self.index = index
-        self.item = item
-        self.parts: list[str] = []
-        self.at = {"item_id": item["id"], "output_index": index}  # what every event on it names
-        self.heads: dict[str, bytes] = {}  # delta event type -> its encoded head
-
-
 class _ToolCall:
     """A tool call as its deltas accumulate; it becomes an item once its id and name are known."""
 
@@ -69,7 +54,14 @@ class _ToolCall:
         self.name: str | None = None  # the chat function's name
         self.ref = _UNNAMED  # the client's tool behind it, once the name is known
         self.arguments: list[str] = []
-        self.item: _OpenItem | None = None
+        self.item: OpenItem | None = None
+
+
+def _status(item: OpenItem | None, cut: OpenItem | _ToolCall | None, default: str) -> str:
+    """An open item's status as it closes: `incomplete` for `cut`, the item generated when the
+    stream stopped."""
+    at_cut = item is cut or (isinstance(cut, _ToolCall) and item is cut.item)
+    return "incomplete" if item is not None and at_cut else default
 
 
 class ResponseTranslator:
@@ -92,32 +84,38 @@ class ResponseTranslator:
         self._id = ids("resp")
         self._created_at = int(clock())
         self._sse = SSEDecoder(max_event)
-        self._events: list[bytes] = []
-        self._flushed: list[bytes] = []  # the events of the last output
-        self._sequence = 0
+        self._events = Events(streaming)
         self._output: list[dict[str, Any]] = []
-        self._current: _OpenItem | None = None  # the open reasoning, tool call or refusal item
-        self._message: _OpenItem | None = None
+        self._current: OpenItem | None = None  # the open reasoning, tool call or refusal item
+        self._message: OpenItem | None = None
         # What the last generated token went to: an item, or a tool call still waiting for its id.
-        self._generating: _OpenItem | _ToolCall | None = None
+        self._generating: OpenItem | _ToolCall | None = None
         self._calls: dict[int, _ToolCall] = {}
         self._scores = ScoreBuffer(call.alternatives)
         self._shape: ChunkShape | None = None  # of the last chunk that held one text and nothing else
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
+        self._max_event = max_event
+        self._spent: dict[str, Any] | None = None  # the usage of the rounds before this one
         self.response: dict[str, Any] | None = None  # set once a terminal event is built
         self.error: ProxyError | None = None
-        # Answered, its conversation to be compacted before it completes (design.md 8.10).
-        self.compacting = False
+        self.round_over = False  # its upstream call finished, another round due (design.md 2.3)
 
     @property
     def done(self) -> bool:
-        """Whether the upstream's part is over: the response ended, or waits for its compaction."""
-        return self.response is not None or self.compacting
+        """Whether the upstream's part is over: the response ended, or its round did."""
+        return self.response is not None or self.round_over
+
+    @property
+    def streaming(self) -> bool:
+        """Whether it makes events: a whole answer's Response alone is not streamed."""
+        return self._streaming
 
     @property
     def output(self) -> list[dict[str, Any]]:
-        return self._output
+        """The output items as they stand: between rounds, the message open across them holds
+        its text and scores so far."""
+        return [self._as_it_stands(item) for item in self._output]
 
     @property
     def generating(self) -> bool:
@@ -125,17 +123,13 @@ class ResponseTranslator:
         return self._generating is not None
 
     def flushed(self) -> list[tuple[int, bytes]]:
-        """The events of the last output, each under its sequence number and without the blank
-        line that ends it: what an event log keeps (design.md 10.2)."""
-        events = self._flushed
-        first = self._sequence - len(events)
-        return [(first + i, event[:-2]) for i, event in enumerate(events)]
+        return self._events.flushed()  # the last output's, as an event log keeps them (10.2)
 
     def progress(self) -> dict[str, Any]:
         """The response as it stands, its open items with what they hold so far: what a
         background response shows while it runs (design.md 10.2)."""
-        response = self._snapshot("in_progress" if self._sequence else "queued")
-        response["output"] = [self._as_it_stands(item) for item in self._output]
+        response = self._snapshot("in_progress" if self._events.sequence else "queued")
+        response["output"] = self.output
         return response
 
     # -- the driving interface -------------------------------------------------------------
@@ -143,8 +137,10 @@ class ResponseTranslator:
     def start(self) -> bytes:
         snapshot = self._snapshot("in_progress")
         # A background response is queued until the upstream answers (design.md 10.1).
-        self._emit("response.created", response={**snapshot, "status": "queued"} if self._call.background else snapshot)
-        self._emit("response.in_progress", response=snapshot)
+        self._events.emit(
+            "response.created", response={**snapshot, "status": "queued"} if self._call.background else snapshot
+        )
+        self._events.emit("response.in_progress", response=snapshot)
         return self._flush()
 
     def feed(self, data: bytes) -> bytes:
@@ -181,9 +177,9 @@ class ResponseTranslator:
 
     def fail(self, error: ProxyError) -> bytes:
         """The upstream broke off. A generation that already finished still completes: only
-        the usage chunk or `[DONE]` was lost (one waiting for its compaction without it)."""
-        if self.compacting:
-            return self.compacted(None, None)
+        the usage chunk or `[DONE]` was lost (one between rounds with the rounds done)."""
+        if self.round_over:
+            return self.end()
         if self.done:
             return b""
         if self._finish_reason is None:
@@ -194,10 +190,10 @@ class ResponseTranslator:
 
     def cancel(self) -> bytes:
         """The client cancelled a background response (design.md 10.3): what was open closes
-        `incomplete`, and the response ends `cancelled`, with no error; one whose answer is
-        whole, waiting for its compaction, completes without it (design.md 8.10)."""
-        if self.compacting:
-            return self.compacted(None, None)
+        `incomplete`, and the response ends `cancelled`, with no error; one between rounds, its
+        rounds whole, completes with them (its compaction, 8.10, left out)."""
+        if self.round_over:
+            return self.end()
         if not self.done:
             self._close_all(None, "incomplete")
             self._terminate("cancelled")
@@ -206,8 +202,8 @@ class ResponseTranslator:
     def complete(self, body: bytes) -> dict[str, Any] | None:
         """A whole non-streaming chat completion, read as one chunk whose `message` is the
         delta, then the end of input: the Response, for orjson to encode (its scores are
-        pre-encoded `orjson.Fragment`s), or None while it waits for its compaction. An upstream
-        failure raises."""
+        pre-encoded `orjson.Fragment`s), or None when another round is due. An upstream failure
+        raises."""
         try:
             self._payload(body)
         except ProxyError as error:
@@ -280,15 +276,15 @@ class ResponseTranslator:
             item = self._current = self._open(
                 {"id": self._new_id("rs"), "type": "reasoning", "status": "in_progress", "summary": [], "content": []}
             )
-            self._emit_part("response.content_part.added", item, {"type": "reasoning_text", "text": ""})
+            self._events.part("response.content_part.added", item, {"type": "reasoning_text", "text": ""})
             if self._call.summary:
-                self._emit_summary_part("response.reasoning_summary_part.added", item, "")
+                self._summary_part("response.reasoning_summary_part.added", item, "")
         item.parts.append(text)
         self._generating = item
         delta = orjson.dumps(text)
-        self._emit_delta(item, "response.reasoning_text.delta", "content_index", delta)
+        self._events.delta(item, "response.reasoning_text.delta", "content_index", delta)
         if self._call.summary:
-            self._emit_delta(item, "response.reasoning_summary_text.delta", "summary_index", delta)
+            self._events.delta(item, "response.reasoning_summary_text.delta", "summary_index", delta)
 
     def _text(self, text: str) -> None:
         if self._current is not None:
@@ -296,7 +292,7 @@ class ResponseTranslator:
         message = self._message or self._open_message()
         message.parts.append(text)
         self._generating = message
-        self._emit_delta(
+        self._events.delta(
             message,
             "response.output_text.delta",
             "content_index",
@@ -312,7 +308,7 @@ class ResponseTranslator:
             item = self._current = self._new_message({"type": "refusal", "refusal": ""})
         item.parts.append(text)
         self._generating = item
-        self._emit_delta(item, "response.refusal.delta", "content_index", orjson.dumps(text))
+        self._events.delta(item, "response.refusal.delta", "content_index", orjson.dumps(text))
 
     def _tool_call(self, position: int, delta: ToolCallDelta) -> None:
         index = position if delta.index is None else delta.index
@@ -334,7 +330,7 @@ class ResponseTranslator:
             if function.arguments:
                 call.arguments.append(function.arguments)
                 if call.item is not None and not call.ref.custom:
-                    self._emit_delta(
+                    self._events.delta(
                         call.item, "response.function_call_arguments.delta", None, orjson.dumps(function.arguments)
                     )
         if call.item is None and call.call_id and call.name:
@@ -343,22 +339,22 @@ class ResponseTranslator:
 
     # -- items -----------------------------------------------------------------------------
 
-    def _open(self, item: dict[str, Any]) -> _OpenItem:
-        opened = _OpenItem(len(self._output), item)
+    def _open(self, item: dict[str, Any]) -> OpenItem:
+        opened = OpenItem(len(self._output), item)
         self._output.append(item)
-        self._emit("response.output_item.added", output_index=opened.index, item=item)
+        self._events.emit("response.output_item.added", output_index=opened.index, item=item)
         return opened
 
-    def _open_message(self) -> _OpenItem:
-        self._message = self._new_message(self._text_part("", []))
+    def _open_message(self) -> OpenItem:
+        self._message = self._new_message(text_part("", []))
         return self._message
 
-    def _new_message(self, part: dict[str, Any]) -> _OpenItem:
+    def _new_message(self, part: dict[str, Any]) -> OpenItem:
         """A message item opened with its one content part, empty: text, or a refusal."""
         item = self._open(
             {"id": self._new_id("msg"), "type": "message", "role": "assistant", "status": "in_progress", "content": []}
         )
-        self._emit_part("response.content_part.added", item, part)
+        self._events.part("response.content_part.added", item, part)
         return item
 
     def _open_call(self, call: _ToolCall) -> None:
@@ -388,7 +384,7 @@ class ResponseTranslator:
         item.parts = call.arguments  # one list: fragments that come later are the item's too
         # Fragments that came before the id and name were known.
         if call.arguments and not ref.custom:
-            self._emit_delta(
+            self._events.delta(
                 item, "response.function_call_arguments.delta", None, orjson.dumps("".join(call.arguments))
             )
 
@@ -403,36 +399,38 @@ class ResponseTranslator:
             self._close_reasoning(item, text)
         elif kind == "message":  # a refusal
             part = {"type": "refusal", "refusal": text}
-            self._emit("response.refusal.done", **item.at, content_index=0, refusal=text)
-            self._emit_part("response.content_part.done", item, part)
+            self._events.emit("response.refusal.done", **item.at, content_index=0, refusal=text)
+            self._events.part("response.content_part.done", item, part)
             item.item["content"] = [part]
         elif kind == "custom_tool_call":
             # The input streams as one delta once the call is whole: the model writes it
             # inside a JSON string, which only then decodes (design.md 8.4).
             text = custom_input(text)
             if text:
-                self._emit("response.custom_tool_call_input.delta", **item.at, delta=text)
-            self._emit("response.custom_tool_call_input.done", **item.at, input=text)
+                self._events.emit("response.custom_tool_call_input.delta", **item.at, delta=text)
+            self._events.emit("response.custom_tool_call_input.done", **item.at, input=text)
             item.item["input"] = text
         else:
-            self._emit("response.function_call_arguments.done", **item.at, arguments=text)
+            self._events.emit("response.function_call_arguments.done", **item.at, arguments=text)
             item.item["arguments"] = text
         self._close(item, status)
 
-    def _close_reasoning(self, item: _OpenItem, text: str) -> None:
+    def _close_reasoning(self, item: OpenItem, text: str) -> None:
         part = {"type": "reasoning_text", "text": text}
-        self._emit("response.reasoning_text.done", **item.at, content_index=0, text=text)
-        self._emit_part("response.content_part.done", item, part)
+        self._events.emit("response.reasoning_text.done", **item.at, content_index=0, text=text)
+        self._events.part("response.content_part.done", item, part)
         item.item["content"] = [part]
         if self._call.summary:
             # The model has no summariser: its reasoning is its summary (design.md 8.5).
-            self._emit("response.reasoning_summary_text.done", **item.at, summary_index=0, text=text)
-            item.item["summary"] = [self._emit_summary_part("response.reasoning_summary_part.done", item, text)]
+            self._events.emit("response.reasoning_summary_text.done", **item.at, summary_index=0, text=text)
+            item.item["summary"] = [self._summary_part("response.reasoning_summary_part.done", item, text)]
         if self._call.seal is not None:
             item.item["encrypted_content"] = self._call.seal(text)
 
     def _close_message(self, status: str) -> None:
         message = self._message
+        if message is not None and message.item["status"] != "in_progress":
+            return  # closed at the end of a round
         if message is None:
             if not self._scores.count:
                 return
@@ -440,30 +438,29 @@ class ResponseTranslator:
             message = self._open_message()
         text = "".join(message.parts)
         scores = self._scores.whole()
-        self._emit("response.output_text.done", **message.at, content_index=0, text=text, logprobs=scores)
-        part = self._text_part(text, scores)
-        self._emit_part("response.content_part.done", message, part)
+        self._events.emit("response.output_text.done", **message.at, content_index=0, text=text, logprobs=scores)
+        part = text_part(text, scores)
+        self._events.part("response.content_part.done", message, part)
         message.item["content"] = [part]
         self._close(message, status)
 
-    def _close(self, item: _OpenItem, status: str) -> None:
+    def _close(self, item: OpenItem, status: str) -> None:
         item.item["status"] = status
-        self._emit("response.output_item.done", output_index=item.index, item=item.item)
+        self._events.emit("response.output_item.done", output_index=item.index, item=item.item)
 
-    def _close_all(self, cut: _OpenItem | _ToolCall | None, default: str) -> None:
+    def _close_all(self, cut: OpenItem | _ToolCall | None, default: str) -> None:
         """Close every open item; `cut` (the item generated when the stream stopped) gets
         `incomplete`, the others `default`."""
+        self._close_calls(cut, default)
+        self._close_message(_status(self._message, cut, default))
 
-        def status(item: _OpenItem | None) -> str:
-            at_cut = item is cut or (isinstance(cut, _ToolCall) and item is cut.item)
-            return "incomplete" if item is not None and at_cut else default
-
-        self._close_current(status(self._current))
+    def _close_calls(self, cut: OpenItem | _ToolCall | None, default: str) -> None:
+        """Close every open item but the message, which stays open across rounds (3.8)."""
+        self._close_current(_status(self._current, cut, default))
         for call in self._calls.values():
             if call.item is None and call.name:  # its id never came: still the client's call
                 self._open_call(call)
-                self._close_current(status(call.item))
-        self._close_message(status(self._message))
+                self._close_current(_status(call.item, cut, default))
 
     # -- endings ---------------------------------------------------------------------------
 
@@ -480,33 +477,68 @@ class ResponseTranslator:
         if reason == "tool_calls" and self._cut_at_token_limit():
             reason = "length"
         incomplete = INCOMPLETE_REASONS.get(reason)
-        self._close_all(self._generating if incomplete else None, "completed")
         if incomplete:
+            self._close_all(self._generating, "completed")
             self._terminate("incomplete", incomplete_details={"reason": incomplete})
-        elif self._call.compact_at is not None and self._context() >= self._call.compact_at:
-            self.compacting = True
+        elif self._round_due():
+            if self.calls_to_run():  # the message stays open: the next round's scores follow (3.7, 3.8)
+                self._close_calls(None, "completed")
+            else:  # what is due makes no scores (a compaction's summary): the rounds' items are whole
+                self._close_all(None, "completed")
+            self.round_over = True
         else:
+            self._close_all(None, "completed")
             self._terminate("completed", completed_at=int(self._clock()))
 
-    def _context(self) -> int:
-        """The tokens of the conversation as it stands after this answer."""
+    def _round_due(self) -> bool:
+        """Whether the turn goes on after this round: it called a tool the proxy runs, or its
+        conversation reached its compaction threshold (design.md 8.10)."""
+        compact_at = self._call.compact_at
+        return bool(self.calls_to_run()) or (compact_at is not None and self.context() >= compact_at)
+
+    def calls_to_run(self) -> list[dict[str, Any]]:
+        """The items of this round's calls of tools the proxy runs itself."""
+        run_here = self._call.run_here
+        return [call.item.item for call in self._calls.values() if call.item is not None and call.name in run_here]
+
+    def context(self) -> int:
+        """The tokens of the conversation as it stands after this round."""
         usage = self._usage
         return (usage.prompt_tokens or 0) + (usage.completion_tokens or 0) if usage is not None else 0
 
-    def compacted(self, item: dict[str, Any] | None, usage: dict[str, Any] | None) -> bytes:
-        """End a response that waited for its compaction (design.md 8.10): the `compaction`
-        item added after the answer, and the summary call's `usage` added to the answer's;
-        None for both when the summary failed, so the answer completes as it is."""
-        if not self.compacting:
+    def next_round(self) -> None:
+        """Take the next round's upstream call: its events continue this response's sequence
+        numbers and output indexes, its scores follow the rounds' before it, and its usage adds
+        to theirs (design.md 2.3)."""
+        if not self.round_over:
+            return
+        self.round_over = False
+        self._spent = self._usage_so_far()
+        self._usage = None
+        self._sse = SSEDecoder(self._max_event)
+        self._shape = None
+        self._finish_reason = None
+        self._calls = {}
+
+    def end(self, items: Sequence[dict[str, Any]] = (), usage: dict[str, Any] | None = None) -> bytes:
+        """End a response between rounds, completed: `items` the turn made (a `compaction`
+        item, 8.10) added after the rounds' own, and `usage` (a summary call's) added to theirs."""
+        if not self.round_over:
             return b""
-        self.compacting = False
-        if item is not None:
+        self.round_over = False
+        self._close_all(None, "completed")
+        for item in items:
             index = len(self._output)
             self._output.append(item)
-            self._emit("response.output_item.added", output_index=index, item=item)
-            self._emit("response.output_item.done", output_index=index, item=item)
+            self._events.emit("response.output_item.added", output_index=index, item=item)
+            self._events.emit("response.output_item.done", output_index=index, item=item)
         self._terminate("completed", completed_at=int(self._clock()), added=usage)
         return self._flush()
+
+    def _usage_so_far(self) -> dict[str, Any]:
+        """The usage of every round up to this one."""
+        usage = usage_object(self._usage)
+        return usage if self._spent is None else usage_sum(self._spent, usage)
 
     def _cut_at_token_limit(self) -> bool:
         """Whether the tool call being generated was cut by the token limit, which vLLM reports
@@ -527,15 +559,16 @@ class ResponseTranslator:
         self._close_all(None, "incomplete")
         self.error = error  # as it was, for the log
         shown = error.for_client(self._request_id)
-        self._emit("error", **error_event(shown))
+        self._events.emit("error", **error_event(shown))
         self._terminate("failed", error=response_error(shown))
 
     def _terminate(self, status: str, added: dict[str, Any] | None = None, **fields: Any) -> None:
         response = self._snapshot(status)
         response.update(fields)
-        response["usage"] = usage_object(self._usage) if added is None else usage_sum(usage_object(self._usage), added)
+        usage = self._usage_so_far()
+        response["usage"] = usage if added is None else usage_sum(usage, added)
         self.response = response
-        self._emit(TERMINAL_EVENTS[status], response=response)
+        self._events.emit(TERMINAL_EVENTS[status], response=response)
 
     # -- building events -------------------------------------------------------------------
 
@@ -545,7 +578,7 @@ class ResponseTranslator:
     def _as_it_stands(self, item: dict[str, Any]) -> dict[str, Any]:
         message, current = self._message, self._current
         if message is not None and item is message.item and item["status"] == "in_progress":
-            return {**item, "content": [self._text_part("".join(message.parts), self._scores.whole())]}
+            return {**item, "content": [text_part("".join(message.parts), self._scores.whole())]}
         if current is not None and item is current.item:
             text = "".join(current.parts)
             if item["type"] == "reasoning":
@@ -555,43 +588,10 @@ class ResponseTranslator:
             return {**item, "input" if item["type"] == "custom_tool_call" else "arguments": text}
         return item
 
-    @staticmethod
-    def _text_part(text: str, logprobs: orjson.Fragment | list[Any]) -> dict[str, Any]:
-        return {"type": "output_text", "text": text, "annotations": [], "logprobs": logprobs}
-
-    def _emit_part(self, event: str, item: _OpenItem, part: dict[str, Any]) -> None:
-        self._emit(event, **item.at, content_index=0, part=part)
-
-    def _emit_summary_part(self, event: str, item: _OpenItem, text: str) -> dict[str, Any]:
+    def _summary_part(self, event: str, item: OpenItem, text: str) -> dict[str, Any]:
         part = {"type": "summary_text", "text": text}
-        self._emit(event, **item.at, summary_index=0, part=part)
+        self._events.emit(event, **item.at, summary_index=0, part=part)
         return part
 
-    def _emit_delta(self, item: _OpenItem, event: str, index: str | None, delta: bytes, tail: bytes = b"") -> None:
-        """A delta event (most of a stream) from its head, encoded once per item and event type,
-        and its `delta`, already JSON (design.md 7.3)."""
-        if not self._streaming:
-            return
-        head = item.heads.get(event)
-        if head is None:
-            fields = {"type": event, **item.at}
-            if index is not None:
-                fields[index] = 0
-            head = item.heads[event] = b'event: %s\ndata: %s,"delta":' % (event.encode(), orjson.dumps(fields)[:-1])
-        self._events.append(b'%s%s%s,"sequence_number":%d}\n\n' % (head, delta, tail, self._sequence))
-        self._sequence += 1
-
-    def _emit(self, event: str, **fields: Any) -> None:
-        if not self._streaming:
-            return
-        fields["type"] = event
-        fields["sequence_number"] = self._sequence
-        self._sequence += 1
-        self._events.append(encoded_event(fields) + b"\n\n")
-
     def _flush(self) -> bytes:
-        """The events made since the last flush as SSE, and `[DONE]` after the terminal event."""
-        events = self._flushed = self._events
-        self._events = []
-        data = b"".join(events)
-        return data + DONE if events and self.response is not None and self._streaming else data
+        return self._events.take(ended=self.response is not None)

@@ -1,10 +1,11 @@
-"""What every handler that makes a Responses call works out alike: the call planned (parsed,
-routed, its history read, its translation settings from the route, its session, design.md
-11.1), whatever transport then carries it."""
+"""A Responses call planned, whatever transport carries it (design.md 2.3): parsed, routed, its
+history read and its conversation held, its translation settings from the route, its session
+(11.1) and how its response is kept; and what a turn does when it ends."""
 
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -12,23 +13,21 @@ from typing import Any
 
 import msgspec
 import orjson
-from aiohttp import web
 
-from ..appkeys import REQUEST_ID, RUNTIME
 from ..background import AsStored
-from ..config import Target
-from ..errors import InvalidRequest, NotFound, ProxyError
+from ..config import Target, served_models
+from ..errors import InvalidRequest, NotFound, ProxyError, ServerShuttingDown
 from ..responses.plan import Call, TranslationSettings, plan_call
-from ..responses.schema import parse_request, unknown_fields
+from ..responses.schema import CreateResponse, parse_request, unknown_fields
 from ..responses.sealing import Sealer
 from ..responses.session import from_headers, response_session
 from ..responses.translate import ResponseTranslator
+from ..runtime import Runtime
 from ..store import StoredResponse
 from ..upstream.affinity import Session
 from ..upstream.client import Exchange, UpstreamClient
-from .common import find_target, upstream_headers
 from .conversations import Held, hold
-from .stored import History, read_history, stored_form
+from .history import History, read_history, stored_form
 
 log = logging.getLogger("proxy")
 
@@ -38,12 +37,39 @@ CHAT_PATH = "/v1/chat/completions"
 Keep = Callable[[dict[str, Any]], Awaitable[object]]
 
 
-def call_session(request: web.Request, past: History) -> Session:
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who makes a call, as much as the turn layer needs of its transport: whose key (its
+    digest, design.md 9.5), the request's id, and its headers (a session header, 11.1)."""
+
+    owner: str
+    request_id: str
+    headers: Mapping[str, str]
+
+    def upstream_headers(self) -> dict[str, str]:
+        return {"X-Request-ID": self.request_id}
+
+
+def route(runtime: Runtime, model: str) -> tuple[Target, UpstreamClient]:
+    """The route and upstream client for a model; a new generation while draining is a 503 for
+    the client to retry on another replica (design.md 5.10)."""
+    if runtime.draining:
+        raise ServerShuttingDown("The proxy is shutting down; retry on another replica.")
+    found = runtime.target(model)
+    if found is None:
+        served = ", ".join(served_models(runtime.config))
+        raise NotFound(
+            f"The model '{model}' is not served here. Served: {served}.", param="model", code="model_not_found"
+        )
+    return found
+
+
+def call_session(runtime: Runtime, caller: Caller, past: History) -> Session:
     """The call's session (design.md 11.1), for an upstream where it changes where the call
     goes; a turn of the session of the response it continues is sent first to the replica that
     served that one."""
     previous = past.previous
-    header = from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers)
+    header = from_headers(caller.headers, runtime.config.requests.session_headers)
     # A conversation is a session of its own; a chain goes on in the session it began in.
     chained = past.request.conversation_id or (previous.session if previous else None)
     key = response_session(past.request, header, chained)
@@ -69,9 +95,11 @@ def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
 
 @dataclass(frozen=True, slots=True)
 class Turn:
-    """A Responses call planned, whatever carries it (HTTP, a WebSocket): what goes upstream,
-    where, and how its response is kept."""
+    """A Responses call planned, whatever carries it (HTTP, a WebSocket, a background run):
+    what goes upstream, where, and how its response is kept."""
 
+    runtime: Runtime
+    caller: Caller
     past: History
     call: Call
     target: Target
@@ -107,55 +135,78 @@ class Turn:
             own = orjson.loads(bytes(self.kept_as(response).input_items))
             await self.conversation.append([*own, *response["output"]])
 
-    def translator(self, request: web.Request) -> ResponseTranslator:
+    def translator(self) -> ResponseTranslator:
         # A background run keeps its events even when its client asked for none (design.md 10.2).
         streaming = self.call.stream or self.call.background
         max_event = self.target.upstream.max_event_bytes
-        return ResponseTranslator(self.call, streaming=streaming, request_id=request[REQUEST_ID], max_event=max_event)
+        request_id = self.caller.request_id
+        return ResponseTranslator(self.call, streaming=streaming, request_id=request_id, max_event=max_event)
 
-    def post(
-        self, request: web.Request, body: dict[str, Any] | None = None, path: str = CHAT_PATH
-    ) -> AbstractAsyncContextManager[Exchange]:
+    def post(self, body: dict[str, Any] | None = None, path: str = CHAT_PATH) -> AbstractAsyncContextManager[Exchange]:
         """The call's chat request (or another of the turn's: a summary's, a token count's),
         sent when entered; its client span, where tracing is on (design.md 12)."""
-        headers = upstream_headers(request)
+        headers = self.caller.upstream_headers()
         exchange = self.client.post(path, self.call.chat if body is None else body, headers, session=self.session)
-        tracing = request.app[RUNTIME].tracing
+        tracing = self.runtime.tracing
         return (
             exchange
             if tracing is None
             else tracing.upstream(exchange, headers, self.target.upstream, self.target.model)
         )
 
+    def answered(self, output: dict[str, Any], started: float, first_chunk: float | None) -> None:
+        """A finished call's tokens, from its upstream's usage (design.md 11.4), and the time per
+        output token after the first (12.2); on its span, what it made (12.1)."""
+        usage, target = output["usage"], self.target
+        elapsed = time.monotonic() - started
+        self.runtime.metrics.answered(target.pattern, target.upstream.name, usage, first_chunk, elapsed)
+        if self.runtime.tracing is not None:
+            self.runtime.tracing.answered(output, first_chunk)
+
+
+@dataclass(frozen=True, slots=True)
+class Routed:
+    """A request parsed and routed, nothing read yet: what a transport labels its metrics by."""
+
+    data: Any  # the body as it came
+    parsed: CreateResponse
+    unknown: list[str]  # the top-level fields the schema does not know (design.md 8.1)
+    target: Target
+    client: UpstreamClient
+
+
+def routed(runtime: Runtime, data: Any) -> Routed:
+    parsed = parse_request(data)
+    unknown = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
+    return Routed(data, parsed, unknown, *route(runtime, parsed.model))
+
 
 async def plan_turn(
-    request: web.Request,
-    data: Any,
+    runtime: Runtime,
+    caller: Caller,
+    request: Routed,
     kept: Mapping[str, StoredResponse] | None = None,
     keep_here: Callable[[StoredResponse], None] | None = None,
     *,
     writes: bool = True,
 ) -> Turn:
-    """Parse, route, read the history and plan a call. `kept` and `keep_here`: the responses of
-    a WebSocket connection, read as history and added to (design.md 8.9). A call that `writes`
+    """Read the history and plan a routed call. `kept` and `keep_here`: the responses of a
+    WebSocket connection, read as history and added to (design.md 8.9). A call that `writes`
     (its response ends a turn) holds its conversation until `Turn.release`."""
-    runtime = request.app[RUNTIME]
-    parsed = parse_request(data)
-    fields = unknown_fields(data, reject=runtime.config.requests.unknown_fields == "reject")
-    target, client = find_target(request, parsed.model)
+    data, parsed, fields, target, client = request.data, request.parsed, request.unknown, request.target, request.client
+    store = runtime.store
     # Held before it is read, so that a turn ending meanwhile is in what this one reads (9.7).
-    held = await _hold(request, parsed.conversation_id) if writes and parsed.conversation_id else None
+    held = await _hold(runtime, caller, parsed.conversation_id) if writes and parsed.conversation_id else None
     try:
-        past = await read_history(request, parsed, kept)
-        store = runtime.store
+        past = await read_history(store, caller.owner, parsed, kept)
         stored = store is not None and parsed.store is not False
         call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
-        _note_ignored(request, [*(f"field:{name}" for name in fields), *call.ignored])
-        session = call_session(request, past) if client.keyed else None
+        _note_ignored(runtime, [*(f"field:{name}" for name in fields), *call.ignored])
+        session = call_session(runtime, caller, past) if client.keyed else None
         kept_anywhere = stored or keep_here is not None or held is not None
-        as_stored = stored_form(request, data, past, session) if kept_anywhere else None
+        as_stored = stored_form(caller.owner, data, past, session) if kept_anywhere else None
         if runtime.tracing is not None:
-            conversation = (session or call_session(request, past)).key  # gen_ai.conversation.id: the session
+            conversation = (session or call_session(runtime, caller, past)).key  # gen_ai.conversation.id
             runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation)
 
         async def keep(response: dict[str, Any]) -> None:
@@ -165,14 +216,14 @@ async def plan_turn(
             if store is not None and stored:
                 await store.save(kept_form)  # read from the store again, which a delete reaches
             elif keep_here is not None and held is None:
-                # Kept whole, its chain's items with its own and no link: a connection keeps a few
-                # responses, and a chain of any length continues from the last (design.md 8.9).
+                # Kept whole, its chain's items with its own: a connection keeps a few responses,
+                # and a chain of any length continues from the last (design.md 8.9).
                 own = orjson.loads(bytes(kept_form.input_items))
                 whole = msgspec.Raw(orjson.dumps([*past.chain, *own]))
                 keep_here(msgspec.structs.replace(kept_form, input_items=whole, previous=None))
             await turn.add_to_conversation(response)
 
-        turn = Turn(past, call, target, client, session, keep, as_stored, held)
+        turn = Turn(runtime, caller, past, call, target, client, session, keep, as_stored, held)
         return turn
     except BaseException:
         if held is not None:
@@ -180,28 +231,28 @@ async def plan_turn(
         raise
 
 
-async def _hold(request: web.Request, id: str) -> Held | None:
+def log_failure(error: ProxyError | None, where: str, request_id: str) -> None:
+    """An upstream failure's own words, which the client saw only as a request id (design.md
+    5.7); `where`: the method and path it came by."""
+    if error is not None and error.internal:
+        log.warning("%s: %s", where, error.message, extra={"request_id": request_id})
+
+
+async def _hold(runtime: Runtime, caller: Caller, id: str) -> Held | None:
     """The conversation a response writes to, held; an unknown one is a 400 naming
     `conversation` (a 404 is the Conversations API's). Without a store, none: the history's read
     says so."""
-    if request.app[RUNTIME].store is None:
+    if runtime.store is None:
         return None
     try:
-        return await hold(request, id)
+        return await hold(runtime.store, id, caller.owner, runtime.config.store.conversation_lease)
     except NotFound:
         raise InvalidRequest(f"Conversation with id '{id}' not found.", param="conversation") from None
 
 
-def log_failure(request: web.Request, error: ProxyError | None) -> None:
-    """An upstream failure's own words, which the client saw only as a request id (design.md 5.7)."""
-    if error is not None and error.internal:
-        log.warning("%s %s: %s", request.method, request.path, error.message, extra={"request_id": request[REQUEST_ID]})
-
-
-def _note_ignored(request: web.Request, ignored: Iterable[str]) -> None:
+def _note_ignored(runtime: Runtime, ignored: Iterable[str]) -> None:
     """Count what the request named that the upstream is not sent; log each kind once per
     process, since the same client sends the same thing on every turn (design.md 8.1)."""
-    metrics = request.app[RUNTIME].metrics
     for what in ignored:
-        if metrics.ignored(what):
+        if runtime.metrics.ignored(what):
             log.info("ignored in requests from now on, and counted in proxy_ignored_total: %s", what)
