@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import aiohttp
@@ -171,7 +172,7 @@ async def test_a_stored_response_deleted_cannot_be_continued_on_its_connection(
     assert error["error"]["code"] == "previous_response_not_found"
 
 
-@pytest.mark.parametrize("flood", ["frames", "bytes"])
+@pytest.mark.parametrize("flood", ["frames", "bytes", "wide-characters"])
 async def test_what_a_connection_queues_while_a_turn_runs_is_bounded(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, flood: str) -> None:
     """design.md 8.9: frames that come while a turn runs wait within a bound (frames, bytes):
     past it the client gets an error frame, the connection closes with 1008, and the turn
@@ -181,15 +182,35 @@ async def test_what_a_connection_queues_while_a_turn_runs_is_bounded(upstream: F
     long = Generation([*(Step("text", f"w{i} ") for i in range(40)), Step("finish", finish_reason="stop")])
     upstream.script(Reply(long, stall_after=4))
     frame = {"type": "response.create", "model": "m", "input": "hi"}
-    queued = [frame] * 5 if flood == "frames" else [{**frame, "input": "x" * 40_000}] * 2
+    # Wide: 20,000 characters in all, but one emoji makes each str 4 bytes a character.
+    inputs = {"frames": ["hi"] * 5, "bytes": ["x" * 40_000] * 2, "wide-characters": ["x" * 10_000 + "\N{GRINNING FACE}"] * 2}[flood]
     async with http.ws_connect(f"{proxy}/v1/responses") as socket:
         await socket.send_json(frame)
         assert (await socket.receive_json(timeout=10))["type"] == "response.created"
-        for extra in queued:
-            await socket.send_json(extra)
-        messages = [message async for message in socket]
+        for text in inputs:
+            await socket.send_str(json.dumps({**frame, "input": text}, ensure_ascii=False))
+        async with asyncio.timeout(10):  # unbounded, the frames would wait on the stalled turn for good
+            messages = [message async for message in socket]
     errors = [message.json() for message in messages if message.type == aiohttp.WSMsgType.TEXT and message.json()["type"] == "error"]
     assert errors[-1]["status"] == 429 and "frames" in errors[-1]["error"]["message"], errors
     assert socket.close_code == 1008
     await asyncio.wait_for(upstream.disconnected.wait(), 2)
     assert len(upstream.requests) == 1
+
+
+async def test_frames_within_the_bound_all_run_in_the_order_sent(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 8.9: as many frames as the bound allows wait while a turn runs, and each is
+    then a turn of its own, in the order sent."""
+    proxy = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "connections": {"websocket_queue": 4}}))
+    upstream.script(Reply(HELLO, delay=0.1), *(Reply(HELLO) for _ in range(4)))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        await socket.send_json({"type": "response.create", "model": "m", "input": "turn 0"})
+        assert (await socket.receive_json(timeout=10))["type"] == "response.created"
+        for n in range(1, 5):
+            await socket.send_json({"type": "response.create", "model": "m", "input": f"turn {n}"})
+        completed = 0
+        while completed < 5:
+            event = await socket.receive_json(timeout=10)
+            assert event["type"] != "error", event
+            completed += event["type"] == "response.completed"
+    assert [request["messages"][-1]["content"] for request in upstream.requests] == [f"turn {n}" for n in range(5)]

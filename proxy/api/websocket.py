@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 import time
 from collections import OrderedDict, deque
 
@@ -49,13 +50,15 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
     # The socket is read while a turn runs, so that a client's close stops its generation at
     # once (design.md 4.10); frames that come meanwhile wait their turn, within a bound (8.9).
     waiting: deque[str | bytes] = deque()
-    queued = 0  # the bytes of the frames waiting
+    # The bytes the frames waiting hold in memory: a text frame's str takes up to 4 a character
+    # (one emoji makes a whole str so), more than its length says.
+    queued = 0
     receiving: asyncio.Task[WSMessage] | None = None
     turn: asyncio.Task[None] | None = None
     try:
         while True:
             if turn is None and waiting:
-                queued -= len(waiting[0])
+                queued -= sys.getsizeof(waiting[0])
                 turn = asyncio.create_task(connection.turn(waiting.popleft()))
             if receiving is None and loop.time() < ends_at:
                 receiving = asyncio.create_task(socket.receive(timeout=max(0.0, ends_at - loop.time())))
@@ -72,7 +75,7 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
                     message = None
                 receiving = None
                 if message is not None and message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    queued += len(message.data)
+                    queued += sys.getsizeof(message.data)
                     if len(waiting) >= config.connections.websocket_queue or (
                         queued > config.connections.websocket_queue_bytes and waiting
                     ):
