@@ -327,26 +327,45 @@ async def test_huge_top_logprobs_is_capped(upstream, proxy, http, streaming: boo
 async def test_an_item_id_that_is_no_string_is_refused_where_it_would_be_lost(upstream: FakeUpstream, start_proxy, store: dict[str, Any], bad: Any) -> None:
     """design.md 8.2: an input item's id is kept and listed as a string; any other was answered
     200 and then never stored (a background one a 503, a conversation's item unreachable). A 400
-    names it, in a response's input and a conversation's items alike."""
+    names it wherever items are sent: a response's input (over HTTP, in a conversation, over the
+    WebSocket) and a conversation's items. A string id, or null, is kept as before."""
     url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "store": store}))
-    item = {"type": "message", "role": "user", "content": "hi", "id": bad}
+    item, fine = {"type": "message", "role": "user", "content": "hi", "id": bad}, {"role": "user", "content": "a"}
     async with aiohttp.ClientSession() as http:
-        for body in ({"model": "m", "input": [item]}, {"model": "m", "input": [item], "background": True}):
-            async with http.post(f"{url}/v1/responses", json=body) as answer:
-                assert answer.status == 400 and (await answer.json())["error"]["param"] == "input[0].id"
-        async with http.post(f"{url}/v1/conversations", json={"items": [item]}) as answer:
-            assert answer.status == 400 and (await answer.json())["error"]["param"] == "items[0].id"
+        async with http.post(f"{url}/v1/conversations", json={}) as made:
+            conversation = (await made.json())["id"]
+        for path, body, param in (
+            ("/v1/responses", {"model": "m", "input": [item]}, "input[0].id"),
+            ("/v1/responses", {"model": "m", "input": [fine, item], "background": True}, "input[1].id"),
+            ("/v1/responses", {"model": "m", "input": [item], "conversation": conversation}, "input[0].id"),
+            ("/v1/conversations", {"items": [item]}, "items[0].id"),
+            (f"/v1/conversations/{conversation}/items", {"items": [fine, item]}, "items[1].id"),
+        ):
+            async with http.post(f"{url}{path}", json=body) as answer:
+                assert answer.status == 400 and (await answer.json())["error"]["param"] == param, (path, body)
+        async with http.ws_connect(f"{url}/v1/responses") as ws:
+            await ws.send_json({"type": "response.create", "model": "m", "input": [item]})
+            refused = await ws.receive_json()
+            assert refused["status"] == 400 and refused["error"]["param"] == "input[0].id"
+        kept = [{**item, "id": "msg_mine"}, {**item, "id": None}]
+        async with http.post(f"{url}/v1/conversations/{conversation}/items", json={"items": kept}) as answer:
+            ids = [added["id"] for added in (await answer.json())["data"]]
+            assert answer.status == 200 and ids[0] == "msg_mine" and isinstance(ids[1], str)
+        async with http.get(f"{url}/v1/conversations/{conversation}/items/msg_mine") as found:
+            assert found.status == 200
     assert upstream.requests == []
 
 
 @pytest.mark.parametrize(
     "metadata",
-    [{f"k{n}": "v" for n in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 1}],
-    ids=["17 pairs", "a long key", "a long value", "a number"],
+    [{f"k{n}": "v" for n in range(17)}, {"k" * 65: "v"}, {"k": "v" * 513}, {"k": 1}, [], False],
+    ids=["17 pairs", "a long key", "a long value", "a number", "an empty list", "false"],
 )
-async def test_metadata_is_held_to_openais_limits(upstream: FakeUpstream, start_proxy, store: dict[str, Any], metadata: dict[str, Any]) -> None:
-    """design.md 9.2: 16 pairs, keys up to 64 characters, string values up to 512, on responses
-    and conversations alike (40,000 keys were kept as one 29 MB record)."""
+async def test_metadata_is_held_to_openais_limits(upstream: FakeUpstream, start_proxy, store: dict[str, Any], metadata: Any) -> None:
+    """design.md 8.1: 16 pairs, keys up to 64 characters, string values up to 512, on responses
+    and conversations alike (40,000 keys were kept as one 29 MB record); what is no object is
+    refused, even when it is empty (`[]` and `false` were kept as `{}`)."""
+    upstream.script(Reply(GEN))
     url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "store": store}))
     async with aiohttp.ClientSession() as http:
         async with http.post(f"{url}/v1/conversations", json={}) as made:
@@ -359,7 +378,7 @@ async def test_metadata_is_held_to_openais_limits(upstream: FakeUpstream, start_
             async with http.post(f"{url}{path}", json=body) as answer:
                 assert answer.status == 400, (path, await answer.text())
                 assert (await answer.json())["error"]["param"] == "metadata"
-        most = {f"k{n}" * 1: "v" * 512 for n in range(16)} | {"k" * 64: "v"}
-        most.pop("k0")
-        async with http.post(f"{url}/v1/conversations", json={"metadata": most}) as answer:
-            assert answer.status == 200 and (await answer.json())["metadata"] == most
+        most = {f"k{n}": "v" * 512 for n in range(15)} | {"k" * 64: "v"}
+        for path, body in (("/v1/responses", {"model": "m", "input": "hi", "metadata": most}), ("/v1/conversations", {"metadata": most})):
+            async with http.post(f"{url}{path}", json=body) as answer:
+                assert answer.status == 200 and (await answer.json())["metadata"] == most

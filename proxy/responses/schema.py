@@ -296,9 +296,10 @@ Metadata = Annotated[
 
 
 def parse_metadata(value: Any) -> dict[str, str]:
-    """A `metadata` object within OpenAI's limits, or a 400 naming it."""
+    """A `metadata` object within OpenAI's limits, or a 400 naming it (null is none; `[]`, `""`
+    or `false` are no object)."""
     try:
-        return msgspec.convert(value or {}, Metadata)
+        return msgspec.convert({} if value is None else value, Metadata)
     except msgspec.ValidationError as exc:
         reason = str(exc).partition(" - at ")[0]
         raise InvalidRequest(
