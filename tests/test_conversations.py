@@ -9,8 +9,11 @@ import asyncio
 from typing import Any
 
 import aiohttp
+import msgspec
 import openai
+import orjson
 import pytest
+from openai.types.conversations import ConversationItemList, Message
 
 from proxy.appkeys import RUNTIME
 from proxy.config import parse
@@ -223,7 +226,45 @@ async def test_a_conversations_messages_carry_their_status(upstream: FakeUpstrea
         conversation = await sdk.conversations.create(items=[{"type": "message", "role": "user", "content": "Hi"}])
         await sdk.conversations.items.create(conversation.id, items=[{"type": "message", "role": "developer", "content": "Be brief."}])
         await sdk.responses.create(model="m", input="Go on", conversation=conversation.id)
-        listed = (await sdk.conversations.items.list(conversation.id, order="asc")).data
-        assert [item.status for item in listed] == ["completed"] * 4  # type: ignore[union-attr]
-        raw = await sdk.conversations.items.with_raw_response.retrieve(listed[0].id, conversation_id=conversation.id)  # type: ignore[union-attr]
-        assert raw.parse().status == "completed" and raw.http_response.json()["status"] == "completed"  # type: ignore[union-attr]
+        listed = await sdk.conversations.items.with_raw_response.list(conversation.id, order="asc")
+        # The SDK builds what it parses without validating it: validated here, as its types say.
+        items = ConversationItemList.model_validate(listed.http_response.json()).data
+        assert [type(item) for item in items] == [Message] * 4
+        assert [item.status for item in items] == ["completed"] * 4  # type: ignore[union-attr]
+        assert [item.status for item in listed.parse().data] == ["completed"] * 4  # type: ignore[union-attr]
+        found = await sdk.conversations.items.with_raw_response.retrieve(items[0].id, conversation_id=conversation.id)  # type: ignore[union-attr]
+        assert Message.model_validate(found.http_response.json()).status == "completed"
+
+
+async def test_a_conversations_items_are_named_where_they_were_sent(proxy_url: str) -> None:
+    """design.md 5.3: what is wrong in a conversation's items names `items[i]`, as a response's
+    input names `input[i]` (msgspec's path alone named `[0].content`)."""
+    headers = {"Authorization": "Bearer key-a"}
+    async with aiohttp.ClientSession() as http:
+        for items, param in (
+            ([{"role": "user", "content": 5}], "items[0].content"),
+            ([{"role": "user", "content": "a"}, {"role": "user"}], "items[1].content"),
+            ([{"type": "message", "role": "critic", "content": "a"}], "items[0].role"),
+        ):
+            async with http.post(f"{proxy_url}/v1/conversations", json={"items": items}, headers=headers) as answer:
+                assert answer.status == 400 and (await answer.json())["error"]["param"] == param, items
+
+
+async def test_an_item_kept_with_an_id_that_is_no_string_is_still_read(upstream: FakeUpstream, store: dict[str, Any]) -> None:
+    """design.md 8.2: an id that is no string is refused where it is sent, not where it is kept: a
+    conversation that kept one before that rule goes on (each of its turns was a 400 naming the
+    turn's own `input[0].id`), the id ignored as every id is."""
+    running = await Running.start(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "store": store}))
+    try:
+        upstream.script(Reply(answer("Again.")))
+        async with client(running.url) as sdk:
+            conversation = await sdk.conversations.create()
+            kept = running.runner.app[RUNTIME].store
+            found = await kept.conversation(conversation.id, "")
+            earlier = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Earlier"}], "id": 123}
+            await kept.keep_conversation(msgspec.structs.replace(found, items=[msgspec.Raw(orjson.dumps(earlier))]))
+            made = await sdk.responses.create(model="m", input="Now", conversation=conversation.id)
+        assert made.output_text == "Again."
+        assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["Earlier", "Now"]
+    finally:
+        await running.runner.cleanup()

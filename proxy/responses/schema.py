@@ -387,7 +387,7 @@ def parse_request(data: Any) -> CreateResponse:
         fields["tools"] = [_stand_in(tool, _hosted) for tool in tools]
     items = data.get("input")
     if isinstance(items, list):
-        fields["input"] = _prepared(items)
+        fields["input"] = _prepared(items, "input")
     if data.get("metadata") is not None:  # its message says the limits, wherever it fails them
         fields["metadata"] = parse_metadata(data["metadata"])
     if "tool_choice" in data:
@@ -402,32 +402,35 @@ def parse_request(data: Any) -> CreateResponse:
     return request
 
 
-def parse_items(items: list[Any], field: str = "input") -> list[InputItem]:
-    """Items kept from earlier responses, or a Conversations API request's (`field`), as input
-    items."""
+def parse_items(items: list[Any], sent_as: str | None = None) -> list[InputItem]:
+    """Input items: those a request sent in its field `sent_as` (a Conversations API request's
+    `items`), each refusal naming them there, or, with no field, items kept earlier."""
     try:
-        return msgspec.convert(_prepared(items, field), list[InputItem])
+        return msgspec.convert(_prepared(items, sent_as), list[InputItem])
     except msgspec.ValidationError as exc:
-        raise _validation_error(str(exc)) from None
+        raise _validation_error(str(exc), sent_as or "") from None
 
 
-def _prepared(items: list[Any], field: str = "input") -> list[Any]:
+def _prepared(items: list[Any], sent_as: str | None) -> list[Any]:
     """Items as msgspec reads them: the two kinds that may leave out their type typed (an
     EasyInputMessage `{role, content}`, an item reference `{id}`), an item with no chat form
-    replaced by its stand-in. An item's id, kept and listed as a string, is one (design.md 8.2):
-    accepted otherwise, it could never be stored."""
+    replaced by its stand-in."""
     prepared = []
     for index, item in enumerate(items):
         item = typed_item(item)
         kind = item.get("type") if isinstance(item, dict) else None
+        where = f"{sent_as or ''}[{index}]"
         if isinstance(kind, str) and kind in UNHONOURED_ITEMS:
             raise InvalidRequest(
                 f"'{kind}' input items are not supported by this proxy: {UNHONOURED_ITEMS[kind]}.",
-                param=f"{field}[{index}].type",
+                param=f"{where}.type",
                 code="unsupported_parameter",
             )
-        if isinstance(item, dict) and not isinstance(item.get("id"), str | None):
-            raise InvalidRequest("An item's 'id' is a string, or left out.", param=f"{field}[{index}].id")
+        # Kept and listed as a string, an id of another type could never be stored (design.md 8.2).
+        # Kept items are not checked again: a conversation may hold one from before this rule, and
+        # each of its turns would be refused for an item that turn did not send.
+        if sent_as is not None and isinstance(item, dict) and not isinstance(item.get("id"), str | None):
+            raise InvalidRequest("An item's 'id' is a string, or left out.", param=f"{where}.id")
         if kind in _COMPACTION_NAMES and isinstance(item.get("encrypted_content"), str):
             item = {**item, "type": "compaction"}
         elif kind == "context_compaction":  # a marker with no summary
@@ -468,9 +471,11 @@ def _stand_in(entry: Any, dropped: Callable[[str], bool]) -> Any:
     return {"type": _DROPPED, "kind": kind} if isinstance(kind, str) and dropped(kind) else entry
 
 
-def _validation_error(text: str) -> InvalidRequest:
+def _validation_error(text: str, field: str = "") -> InvalidRequest:
+    """msgspec's refusal as a 400 naming the path it gives, under `field` where the value
+    validated was that field's (a list of items)."""
     message, _, where = text.partition(" - at `$")
-    path = where.rstrip("`").removeprefix(".")
+    path = field + where.rstrip("`").removeprefix(".")
     missing = _MISSING_FIELD.search(message)
     if missing:
         path = f"{path}.{missing['field']}" if path else missing["field"]
