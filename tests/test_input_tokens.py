@@ -41,16 +41,19 @@ async def test_an_upstream_without_a_tokenizer_is_a_501_naming_it(upstream: Fake
     assert "upstream u" in refused.value.message and refused.value.body["code"] == "not_implemented"
 
 
-async def test_the_501_tells_the_sdks_not_to_retry(upstream: FakeUpstream, start_proxy) -> None:
+@pytest.mark.parametrize("dialect", ["generic", "llama.cpp"])
+async def test_the_501_tells_the_sdks_not_to_retry(upstream: FakeUpstream, start_proxy, dialect: str) -> None:
     """design.md 8.12: the openai SDKs retry every 5xx twice unless `x-should-retry: false`;
-    an upstream without a tokenizer lacks it on every try, so the SDK asks once."""
-    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "dialect": "generic"}]}))
+    an upstream without a tokenizer lacks it on every try, so the SDK asks once, and the proxy
+    asks the upstream (llama.cpp's /apply-template, a 404 from the fake) once."""
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url], "dialect": dialect}]}))
     sent: list[httpx.Request] = []
 
     async def count(request: httpx.Request) -> None:
         sent.append(request)
 
     async with httpx.AsyncClient(event_hooks={"request": [count]}) as http, openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", http_client=http) as client:
+        assert client.max_retries == 2  # the SDK's default
         with pytest.raises(openai.APIStatusError) as refused:
             await client.responses.input_tokens.count(model="qwen3", input="hi")
     assert refused.value.status_code == 501 and refused.value.response.headers["x-should-retry"] == "false"
