@@ -268,3 +268,22 @@ async def test_an_item_kept_with_an_id_that_is_no_string_is_still_read(upstream:
         assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["Earlier", "Now"]
     finally:
         await running.runner.cleanup()
+
+
+async def test_a_message_kept_before_it_had_a_status_is_listed_with_one(upstream: FakeUpstream, store: dict[str, Any]) -> None:
+    """A message a conversation kept before messages were kept with `status` is read back with
+    one, listed and retrieved alike: the SDK's `Message` requires it."""
+    running = await Running.start(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "store": store}))
+    try:
+        async with client(running.url) as sdk:
+            conversation = await sdk.conversations.create()
+            kept = running.runner.app[RUNTIME].store
+            found = await kept.conversation(conversation.id, "")
+            earlier = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "Earlier"}], "id": "msg_old"}
+            await kept.keep_conversation(msgspec.structs.replace(found, items=[msgspec.Raw(orjson.dumps(earlier))]))
+            listed = await sdk.conversations.items.with_raw_response.list(conversation.id)
+            retrieved = await sdk.conversations.items.with_raw_response.retrieve("msg_old", conversation_id=conversation.id)
+        assert listed.http_response.json()["data"][0]["status"] == "completed"
+        assert retrieved.http_response.json()["status"] == "completed"
+    finally:
+        await running.runner.cleanup()

@@ -116,7 +116,7 @@ async def delete(request: web.Request) -> web.Response:
 
 async def list_items(request: web.Request) -> web.Response:
     found = await _found(request)
-    return items_page(request, [orjson.loads(bytes(item)) for item in found.items])
+    return items_page(request, [history.with_status(orjson.loads(bytes(item))) for item in found.items])
 
 
 async def add_items(request: web.Request) -> web.Response:
@@ -130,7 +130,8 @@ async def add_items(request: web.Request) -> web.Response:
 
 async def retrieve_item(request: web.Request) -> web.Response:
     found = await _found(request)
-    return json_response(orjson.loads(bytes(found.items[_found_item(found, request.match_info["item_id"])])))
+    item = found.items[_found_item(found, request.match_info["item_id"])]
+    return json_response(history.with_status(orjson.loads(bytes(item))))
 
 
 async def delete_item(request: web.Request) -> web.Response:

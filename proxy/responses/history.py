@@ -66,6 +66,14 @@ def chain_items(records: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:
     return items
 
 
+def with_status(item: dict[str, Any]) -> dict[str, Any]:
+    """A kept message with a `status`, which the SDK's conversation `Message` requires: a
+    message a client sent is whole. Read back too: messages kept before they had one."""
+    if item.get("type") == "message" and item.get("status") is None:
+        item["status"] = "completed"
+    return item
+
+
 def stored_input(data_input: Any, referenced: dict[str, dict[str, Any]], new_id: IdSource) -> list[dict[str, Any]]:
     """A request's own input as the response keeps it and `input_items` lists it: every item
     with an id, messages in their typed form, references replaced by what they named."""
@@ -77,13 +85,10 @@ def stored_input(data_input: Any, referenced: dict[str, dict[str, Any]], new_id:
         if item["type"] == "item_reference":
             kept.append(referenced[item["id"]])
             continue
-        if item["type"] == "message":
-            if isinstance(item.get("content"), str):
-                part = "output_text" if item.get("role") == "assistant" else "input_text"
-                item["content"] = [{"type": part, "text": item["content"]}]
-            # The SDK's conversation `Message` requires it; a message a client sent is whole.
-            if item.get("status") is None:
-                item["status"] = "completed"
+        if item["type"] == "message" and isinstance(item.get("content"), str):
+            part = "output_text" if item.get("role") == "assistant" else "input_text"
+            item["content"] = [{"type": part, "text": item["content"]}]
+        with_status(item)
         if item.get("id") is None:
             item["id"] = new_id(_ID_PREFIXES.get(item["type"], "item"))
         kept.append(item)
