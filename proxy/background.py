@@ -198,8 +198,9 @@ class BackgroundRuns:
                 await self._fail_lost(kept, made[-1][0] if made else -1, token)
         except Fenced:  # taken for dead in turn, by a replica that ends it
             pass
-        finally:
-            await self._store.release(id, token)
+        # Not let go on a failure: its ending may be half kept (the Response failed, not yet its
+        # last event), and the lease, lapsed, lets a later sweep end it whole.
+        await self._store.release(id, token)
         return True
 
     async def _fail_lost(self, kept: StoredResponse, last: int, token: str) -> None:

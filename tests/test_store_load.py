@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import msgspec
+import redis.asyncio
 
 from proxy.config import parse
 from proxy.metrics import Metrics
@@ -144,6 +145,14 @@ async def test_a_key_past_its_cap_of_followers_is_told_to_wait(upstream: FakeUps
             held = [await http.get(path, headers={"Authorization": "Bearer key-a"}) for _ in range(3)]
             async with http.get(path, headers={"Authorization": "Bearer key-a"}) as refused:
                 assert refused.status == 429, await refused.text()
+            # A stream of a new run past the cap is refused before the run starts: nothing runs
+            # unseen, to be started again by the client's retry.
+            new = {"model": "m", "input": "hi", "background": True, "stream": True}
+            async with http.post(f"{proxy.url}/v1/responses", json=new, headers={"Authorization": "Bearer key-a"}) as refused:
+                assert refused.status == 429, await refused.text()
+            assert len(upstream.requests) == 1
+            async with http.get(f"{proxy.url}/v1/responses", headers={"Authorization": "Bearer key-a"}) as listed:
+                assert [response["id"] for response in (await listed.json())["data"]] == [id]
             async with http.get(f"{proxy.url}/v1/responses/{id}", headers={"Authorization": "Bearer key-b"}) as other:
                 assert other.status == 404  # another key's follow is counted apart (and its response is not its own)
             held.pop().close()
@@ -154,3 +163,36 @@ async def test_a_key_past_its_cap_of_followers_is_told_to_wait(upstream: FakeUps
                 response.close()
     finally:
         await proxy.runner.cleanup()
+
+
+async def test_followers_waiting_on_a_stream_take_no_slot_of_their_key(redis_server: RedisServer) -> None:
+    """design.md 9.8: a read that blocks on a run's events holds no slot of its key for its
+    wait, so a key following as many runs as it has slots still reads its responses at once
+    (they waited their turn until a timeout, a 503 that marked the store failing)."""
+    store = {"url": redis_server.url, "prefix": f"slots-{uuid.uuid4().hex}:"}
+    async with replicas(store, 1, max_calls_per_key=2) as (replica,):
+        await replica.put(record(1))
+        followers = [asyncio.create_task(replica.events(f"resp_run_{n}", -1, 3.0, "owner")) for n in range(3)]
+        try:
+            await asyncio.sleep(0.1)
+            async with asyncio.timeout(1):
+                assert list(await replica.get_many(["resp_1"], "owner")) == ["resp_1"]
+            assert replica.health()["ok"]
+        finally:
+            for follower in followers:
+                follower.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
+
+
+async def test_a_closed_redis_store_closes_its_connections(redis_server: RedisServer) -> None:
+    """Its pool's connections go with it (a store reopened on reload leaked them all)."""
+    clients = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        before = len(await clients.client_list())
+        async with replicas({"url": redis_server.url, "prefix": f"close-{uuid.uuid4().hex}:"}, 1) as (replica,):
+            await asyncio.gather(*(replica.get_many([f"resp_{n}"], "") for n in range(8)))
+            assert len(await clients.client_list()) > before
+        await asyncio.sleep(0.1)
+        assert len(await clients.client_list()) == before
+    finally:
+        await clients.aclose()

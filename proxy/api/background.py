@@ -4,6 +4,8 @@ point, cancelling it."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import orjson
@@ -28,14 +30,30 @@ def runs_of(request: web.Request) -> BackgroundRuns:
 
 
 async def start(
-    request: web.Request, translator: ResponseTranslator, as_stored: AsStored | None, calls: Calls, *, stream: bool
+    request: web.Request,
+    translator: ResponseTranslator,
+    as_stored: AsStored | None,
+    calls: Calls,
+    release: Callable[[], Awaitable[None]],
+    *,
+    stream: bool,
 ) -> web.StreamResponse:
-    """`as_stored`: how the response is kept; None for one that is not (`store: false`)."""
+    """`as_stored`: how the response is kept; None for one that is not (`store: false`).
+    `release` lets the turn go (its conversation's hold) where the run never starts; once it
+    does, the run holds the turn to its end, whatever becomes of this request (design.md 9.7).
+    A stream's place among the key's followers is taken first: past the cap, nothing runs."""
     runs = runs_of(request)
-    if as_stored is None:
-        raise InvalidRequest("A background response is stored: it cannot have store: false.", param="store")
-    queued = await runs.start(translator, as_stored, request[OWNER], calls)
-    return await follow(request, queued["id"], -1) if stream else json_response(queued)
+    with contextlib.ExitStack() as following:
+        try:
+            if as_stored is None:
+                raise InvalidRequest("A background response is stored: it cannot have store: false.", param="store")
+            if stream:
+                following.enter_context(runs.following(request[OWNER]))
+            queued = await runs.start(translator, as_stored, request[OWNER], calls)
+        except BaseException:
+            await release()
+            raise
+        return await _follow(request, queued["id"], -1) if stream else json_response(queued)
 
 
 async def follow(request: web.Request, id: str, after: int) -> web.StreamResponse:

@@ -35,11 +35,7 @@ async def create_response(request: web.Request) -> web.StreamResponse:
         translator = turn.translator()
         # The run ends the turn, its conversation's hold with it (design.md 9.7).
         calls = Calls(lambda sink: rounds.run(turn, translator, sink), turn.end)
-        try:
-            return await background.start(request, translator, turn.stored_as, calls, stream=turn.call.stream)
-        except BaseException:
-            await turn.release()
-            raise
+        return await background.start(request, translator, turn.stored_as, calls, turn.release, stream=turn.call.stream)
     try:
         return await _answered(request, turn, started)
     finally:

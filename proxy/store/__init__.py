@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -269,7 +270,7 @@ class ResponseStore:
             found = self._here.after(id, after) if from_here else None
             if found is None:
                 block = max(0.0, deadline - loop.time())
-                found = await self._once(("events", id, after, block > 0), partial(self._read, id, after, block, owner))
+                found = await self._shared_read(id, after, block, owner)
                 # What the backend lacked may have been kept here while it was read.
                 found = found or self._here.after(id, after) or []
             left = deadline - loop.time()
@@ -304,8 +305,22 @@ class ResponseStore:
     async def expired(self) -> list[tuple[str, str]]:
         return await self._guard("expired", self.backend.expired())
 
+    async def _shared_read(self, id: str, after: int, block: float, owner: str | None) -> list[Event]:
+        """The backend's events past `after`, read once for every reader at that point; one
+        that joins a read blocking longer than it may wait leaves it at its own deadline."""
+        read = self._once(("events", id, after, block > 0), partial(self._read, id, after, block, owner))
+        if not block:
+            return await read
+        try:
+            async with asyncio.timeout(block):
+                return await read
+        except TimeoutError:
+            return []
+
     async def _read(self, id: str, after: int, block: float, owner: str | None) -> list[Event]:
-        return await self._guard("events", self.backend.read(id, after, block), owner, block)
+        # A read that blocks holds no slot of its key: it would for its whole wait, and the
+        # followers' own cap bounds them (design.md 9.8).
+        return await self._guard("events", self.backend.read(id, after, block), None if block else owner, block)
 
     async def _once(self, key: tuple[object, ...], read: Callable[[], Awaitable[T]]) -> T:
         """A read made once for all its callers while it is in flight (design.md 9.8): the
@@ -331,6 +346,9 @@ class ResponseStore:
                 self.failing_since = time.time()
                 log.error("the response store is failing (%s)", self.last_error)
             raise StoreUnavailable(f"The response store is unavailable ({operation} failed); try again.") from exc
+        finally:
+            if inspect.iscoroutine(call) and inspect.getcoroutinestate(call) == inspect.CORO_CREATED:
+                call.close()  # it never ran: its time went waiting for its key's turn, or was cancelled
         if self.failing_since is not None:
             log.warning("the response store works again")
             self.failing_since = None

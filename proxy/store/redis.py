@@ -226,7 +226,7 @@ class RedisBackend:
         pool = BlockingConnectionPool.from_url(
             url, max_connections=max_connections, timeout=None, socket_timeout=None, socket_connect_timeout=timeout
         )
-        self._redis = Redis(connection_pool=pool)
+        self._redis = Redis.from_pool(pool)  # closed with it
         # Reads that block on a stream hold a connection for their whole wait: at most a quarter
         # of the pool does; past it, a read answers at once and its reader polls (9.8).
         self._blocking = asyncio.Semaphore(max(1, max_connections // 4))

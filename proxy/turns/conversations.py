@@ -45,6 +45,8 @@ class Held:
         if not self._released:
             self._released = True
             self._renewing.cancel()
+            # A renewal in flight, landing after the let-go, would take the hold again.
+            await asyncio.gather(self._renewing, return_exceptions=True)
             with contextlib.suppress(Exception):  # a store down: the hold runs out on its own
                 await self._store.let_go(self.id, self._holder)
 
