@@ -117,8 +117,11 @@ async def test_a_crowd_of_one_key_takes_no_redis_connection_from_another(upstrea
             followers = [asyncio.create_task(follow()) for _ in range(500)]
             turns = [asyncio.create_task(create(reader.url, a, previous_response_id=first["id"])) for _ in range(500)]
             others = [await read_other_key() for _ in range(20)]
+            status, made_meanwhile = await create(reader.url, b, previous_response_id=other_key["id"])
             followed, chained = await asyncio.gather(*followers), await asyncio.gather(*turns)
-        assert others == [200] * 20
+            async with http.get(f"{reader.url}/v1/responses/{made_meanwhile['id']}", headers=b) as kept:
+                assert kept.status == 200  # kept, not lost to a pool the crowd took
+        assert others == [200] * 20 and status == 200
         assert [status for status, _ in chained] == [200] * 500
         assert {status for status, _ in followed} == {200}
         assert all(types[-1] == "response.completed" and types.count("response.output_text.delta") == 20 for _, types in followed)
