@@ -73,33 +73,32 @@ if lease_end and tonumber(lease_end) < tonumber(ARGV[2]) then
 end
 return 0
 """
-# Writes of several keys go as one script: kept whole or not at all, and at half the proxy's CPU of
-# a pipeline in a transaction. A record (KEYS[1], ARGV[1]) and its items (KEYS[5...], ARGV[6...]),
-# each with the time to live ARGV[2], and its id (ARGV[4]) by age (ARGV[3]) in the index of all
-# (KEYS[2]) and in its owner's (KEYS[3], which lives as long as the owner's newest); a background
-# run's write only while its lease (KEYS[4]) is held by the fencing token ARGV[5] (design.md 10.4):
+# A write of a background run goes only while its lease (KEYS[1], the run's hash) is held by the
+# fencing token ARGV[1], checked in the script that writes (design.md 10.4); '' for a write of no
+# run. Every fenced script begins with it, its own keys and arguments after those two.
 _FENCE = """
-local function fenced(run, token)
-  return token ~= '' and redis.call('HGET', run, 'holder') ~= token
+if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then
+  return redis.error_reply('FENCED')
 end
 """
+# Writes of several keys go as one script: kept whole or not at all, and at half the proxy's CPU of
+# a pipeline in a transaction. A record (KEYS[2], ARGV[2]) and its items (KEYS[5...], ARGV[6...]),
+# each with the time to live ARGV[3], and its id (ARGV[5]) by age (ARGV[4]) in the index of all
+# (KEYS[3]) and in its owner's (KEYS[4], which lives as long as the owner's newest):
 _PUT = (
     _FENCE
     + """
-if fenced(KEYS[4], ARGV[5]) then
-  return redis.error_reply('FENCED')
-end
-redis.call('SET', KEYS[1], ARGV[1], 'EX', ARGV[2])
+redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 for i = 5, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ARGV[2])
+  redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ARGV[3])
 end
-redis.call('ZADD', KEYS[2], ARGV[3], ARGV[4])
-redis.call('ZADD', KEYS[3], ARGV[3], ARGV[4])
-redis.call('EXPIRE', KEYS[3], ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
+redis.call('ZADD', KEYS[4], ARGV[4], ARGV[5])
+redis.call('EXPIRE', KEYS[4], ARGV[3])
 -- Ids made longer ago than records live have expired with their records: out of the indexes.
-local expired = '(' .. (tonumber(ARGV[3]) - tonumber(ARGV[2]))
-redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', expired)
+local expired = '(' .. (tonumber(ARGV[4]) - tonumber(ARGV[3]))
 redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', expired)
+redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', expired)
 """
 )
 # A chain read in one step (design.md 9.4): from the response ARGV[1] back along each record's
@@ -127,31 +126,27 @@ while id do
 end
 return found
 """
-# A batch of a run's events (ARGV[3...]: sequence number, event; ids as `_stream_id` makes them)
-# and the key's time to live (ARGV[1]), while the fencing token ARGV[2] holds the run's lease
-# (KEYS[2]). An event the stream holds already as it is stays (a batch whose answer was lost goes
-# again); one it holds with other bytes refuses the batch. Sequence numbers rise, so a refusal
-# comes before any XADD.
+# A batch of a run's events (KEYS[2]; ARGV[3...]: sequence number, event; ids as `_stream_id`
+# makes them) and the key's time to live (ARGV[2]), fenced as `_FENCE` says. An event the stream
+# holds already as it is stays (a batch whose answer was lost goes again); one it holds with other
+# bytes refuses the batch. Sequence numbers rise, so a refusal comes before any XADD.
 _APPEND = (
     _FENCE
     + """
-if fenced(KEYS[2], ARGV[2]) then
-  return redis.error_reply('FENCED')
-end
-local top = redis.call('XREVRANGE', KEYS[1], '+', '-', 'COUNT', 1)[1]
+local top = redis.call('XREVRANGE', KEYS[2], '+', '-', 'COUNT', 1)[1]
 local last = top and tonumber(string.match(top[1], '%-(%d+)$')) or 0
 for i = 3, #ARGV, 2 do
   local n = tonumber(ARGV[i]) + 1
   if n > last then
-    redis.call('XADD', KEYS[1], '0-' .. n, 'e', ARGV[i + 1])
+    redis.call('XADD', KEYS[2], '0-' .. n, 'e', ARGV[i + 1])
   else
-    local held = redis.call('XRANGE', KEYS[1], '0-' .. n, '0-' .. n)[1]
+    local held = redis.call('XRANGE', KEYS[2], '0-' .. n, '0-' .. n)[1]
     if not held or held[2][2] ~= ARGV[i + 1] then
-      return redis.error_reply('event ' .. ARGV[i] .. ' of ' .. KEYS[1] .. ' is kept already, with other bytes')
+      return redis.error_reply('event ' .. ARGV[i] .. ' of ' .. KEYS[2] .. ' is kept already, with other bytes')
     end
   end
 end
-redis.call('EXPIRE', KEYS[1], ARGV[1])
+redis.call('EXPIRE', KEYS[2], ARGV[2])
 """
 )
 # A run's end: its lease (KEYS[1], a sorted set of ARGV[1]) and its hash (KEYS[2]) go, if the
@@ -274,14 +269,14 @@ class RedisBackend:
     async def put(self, stored: StoredResponse, items: bool, fence: str | None) -> None:
         found = referable_items(stored) if items else []
         keys = [
+            self._run_key(stored.id),
             self._response_key(stored.id),
             self._index,
             self._owned(stored.owner),
-            self._run_key(stored.id),
             *(self._item_key(stored.owner, item_id) for item_id, _ in found),
         ]
         entries = (_encode_entry(_ItemEntry(stored.id, msgspec.Raw(item))) for _, item in found)
-        args: list[bytes | str | int] = [encode_stored(stored), self._ttl, stored.created_at, stored.id, fence or ""]
+        args: list[bytes | str | int] = [fence or "", encode_stored(stored), self._ttl, stored.created_at, stored.id]
         await _fenced(self._put(keys=keys, args=[*args, *entries]))
 
     async def sweep(self) -> None:
@@ -374,8 +369,8 @@ class RedisBackend:
         await self._let_go(keys=[f"{self._conversation_key(id)}:hold"], args=[holder])
 
     async def append(self, id: str, events: list[Event], fence: str) -> None:
-        args = [self._ttl, fence, *(part for seq, event in events for part in (seq, event))]
-        await _fenced(self._append(keys=[self._events_key(id), self._run_key(id)], args=args))
+        args = [fence, self._ttl, *(part for seq, event in events for part in (seq, event))]
+        await _fenced(self._append(keys=[self._run_key(id), self._events_key(id)], args=args))
 
     async def read(self, id: str, after: int, wait: float) -> list[Event]:
         key = self._events_key(id)
