@@ -199,3 +199,58 @@ async def test_a_closed_redis_store_closes_its_connections(redis_server: RedisSe
         assert len(await clients.client_list()) == before
     finally:
         await clients.aclose()
+
+
+async def test_reads_of_the_same_thing_at_once_are_one_read(redis_server: RedisServer) -> None:
+    """design.md 9.8: fifty reads of one response in flight at once reach Redis as one MGET,
+    and each caller gets its own copy of the answer."""
+    store = {"url": redis_server.url, "prefix": f"once-{uuid.uuid4().hex}:"}
+    commands = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        async with replicas(store, 1) as (replica,):
+            await replica.put(record(1))
+
+            async def mgets() -> int:
+                return int((await commands.info("commandstats")).get("cmdstat_mget", {}).get("calls", 0))
+
+            before = await mgets()
+            found = await asyncio.gather(*(replica.get_many(["resp_1"], "owner") for _ in range(50)))
+            assert await mgets() - before == 1
+            assert all(list(each) == ["resp_1"] for each in found) and len({id(each) for each in found}) == 50
+    finally:
+        await commands.aclose()
+
+
+async def test_reads_blocking_on_runs_take_a_quarter_of_the_pool(redis_server: RedisServer) -> None:
+    """design.md 9.8: with a pool of 4, followers of six runs elsewhere block on one connection;
+    the others poll, and a read of a response is answered at once (all four blocking, it waited
+    out the store's time)."""
+    store = {"url": redis_server.url, "prefix": f"quarter-{uuid.uuid4().hex}:"}
+    async with replicas(store, 1, max_connections=4) as (replica,):
+        await replica.put(record(1))
+        followers = [asyncio.create_task(replica.events(f"resp_run_{n}", -1, 3.0)) for n in range(6)]
+        try:
+            await asyncio.sleep(0.2)
+            async with asyncio.timeout(1):
+                assert list(await replica.get_many(["resp_1"], "owner")) == ["resp_1"]
+        finally:
+            for follower in followers:
+                follower.cancel()
+            await asyncio.gather(*followers, return_exceptions=True)
+
+
+async def test_a_reader_leaves_a_shared_wait_at_its_own_deadline(redis_server: RedisServer) -> None:
+    """design.md 9.8: a follower that joins another's blocking read of the same events, with
+    less time to wait, is answered at its own deadline, not the other's."""
+    store = {"url": redis_server.url, "prefix": f"deadline-{uuid.uuid4().hex}:"}
+    async with replicas(store, 1) as (replica,):
+        long = asyncio.create_task(replica.events("resp_run", -1, 3.0))
+        try:
+            await asyncio.sleep(0.1)
+            loop = asyncio.get_running_loop()
+            started = loop.time()
+            assert await replica.events("resp_run", -1, 0.3) == []
+            assert loop.time() - started < 1.0
+        finally:
+            long.cancel()
+            await asyncio.gather(long, return_exceptions=True)
