@@ -266,6 +266,41 @@ class Tracing(_Section, frozen=True):
     content: bool = False  # prompts and outputs in the spans (gen_ai.input.messages, gen_ai.output.messages)
 
 
+class McpServer(_Section, frozen=True):
+    """An MCP server the operator defines (design.md 14.1): clients name it by `server_label`
+    (or `connector_id`) and need neither its URL nor its secret."""
+
+    server_label: Annotated[str, msgspec.Meta(min_length=1)]
+    url: str
+    connector_id: str | None = None
+    description: str | None = None
+    headers: dict[str, str] = {}  # `${NAME}` takes a value from the environment
+    authorization: str | None = None  # a bearer token
+    authorization_file: str | None = None  # a mounted secret, read at each connection
+
+
+class HostedTool(_Section, frozen=True):
+    """A built-in tool type answered by a tool of one of the operator's MCP servers (14.8)."""
+
+    server: str  # an operator server's `server_label`
+    tool: str
+
+
+class Mcp(_Section, frozen=True):
+    """Tools the proxy runs itself: remote MCP servers (design.md 14)."""
+
+    # The `server_url` values (exact, or `fnmatch` patterns) that clients may name; none by
+    # default. A loopback or link-local host only by an entry that names its host outright.
+    allowed_servers: list[str] = []
+    servers: list[McpServer] = []
+    timeout: Seconds = 30.0  # one MCP request: a listing, or a call
+    max_output_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1024 * 1024  # of one answer
+    max_tool_calls: Annotated[int, msgspec.Meta(ge=1)] = 16  # per Response, where it sets none
+    max_calls_per_key: Annotated[int, msgspec.Meta(ge=1)] = 8  # in flight, per process
+    web_search: HostedTool | None = None
+    file_search: HostedTool | None = None
+
+
 class Log(_Section, frozen=True):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -283,6 +318,7 @@ class Config(_Section, frozen=True):
     connections: Connections = Connections()
     background: Background = Background()
     tracing: Tracing = Tracing()
+    mcp: Mcp = Mcp()
     ui: bool = False  # the token-score viewer at /ui/ (design.md 13); it reads the API with its user's key
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long streams in flight may run before they are cut.
@@ -396,8 +432,24 @@ def _check(config: Config) -> None:
     store = config.store
     if store.url != "none" and not store.sqlite_path and not store.url.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError(f"store.url: not sqlite:PATH, redis://..., rediss://..., unix://... or none: {store.url!r}")
+    _check_mcp(config.mcp)
     for i, route in enumerate(config.routes):
         if route.upstream not in names:
             raise ConfigError(f"routes[{i}].upstream: no upstream named {route.upstream!r} (have {', '.join(names)})")
         if route.codex is not None and _GLOB.search(route.model):
             raise ConfigError(f"routes[{i}].codex: a model card names one model, not the pattern {route.model!r}")
+
+
+def _check_mcp(mcp: Mcp) -> None:
+    labels = [server.server_label for server in mcp.servers]
+    for i, server in enumerate(mcp.servers):
+        if labels.index(server.server_label) != i:
+            raise ConfigError(f"mcp.servers[{i}].server_label: duplicate label {server.server_label!r}")
+        if not _URL.match(server.url):
+            raise ConfigError(f"mcp.servers[{i}].url: not a URL: {server.url!r}")
+        if server.authorization and server.authorization_file:
+            raise ConfigError(f"mcp.servers[{i}]: give authorization or authorization_file, not both")
+    for kind in ("web_search", "file_search"):
+        hosted: HostedTool | None = getattr(mcp, kind)
+        if hosted is not None and hosted.server not in labels:
+            raise ConfigError(f"mcp.{kind}.server: no server labelled {hosted.server!r} in mcp.servers")

@@ -12,6 +12,8 @@
     │   ├── PayloadTooLarge         413  request_too_large
     │   ├── UnsupportedMediaType    415  unsupported_media_type
     │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
+    │   ├── McpUnavailable          424  http_error                an MCP server could not list its
+    │   │                                                          tools (external_connector_error)
     │   ├── UpgradeRequired         426  upgrade_required          the WebSocket transport is off
     │   └── TooManyRequests         429  rate_limit_exceeded       too many background runs;
     │                                                              an upstream's own 429
@@ -134,6 +136,14 @@ class Conflict(InvalidRequest):
 
 class UnprocessableEntity(InvalidRequest):
     status = 422
+
+
+class McpUnavailable(InvalidRequest):
+    """A request's MCP server could not list its tools: OpenAI's answer for it (design.md 14.3)."""
+
+    status = 424
+    type = "external_connector_error"
+    code = "http_error"
 
 
 class UpgradeRequired(InvalidRequest):

@@ -21,6 +21,7 @@ from .tracing import Tracing
 from .tracing import enabled as tracing_enabled
 from .upstream.affinity import AffinityMap, LocalAffinity
 from .upstream.client import UpstreamClient
+from .upstream.mcp import McpServers
 
 log = logging.getLogger("proxy")
 
@@ -35,6 +36,7 @@ class Runtime:
         self.tracing = Tracing(config.tracing, store_system(config.store)) if tracing_enabled(config.tracing) else None
         self.store = open_store(config.store, metrics, self.tracing)
         self.clients = self._clients(config, {})
+        self.mcp = McpServers(config.mcp)  # design.md 14
         self._secret = config.reasoning.secret()
         self.sealer = self._new_sealer()
         self.background = None if self.store is None else BackgroundRuns(self.store, config.background)
@@ -75,6 +77,8 @@ class Runtime:
         self.clients = self._clients(config, old)
         self.config = config
         self.api_keys = config.auth.keys()
+        if config.mcp != self.mcp.config:
+            self.mcp = McpServers(config.mcp)
         if config.reasoning.secret() != self._secret:
             self._secret = config.reasoning.secret()
             self.sealer = self._new_sealer()

@@ -17,6 +17,7 @@ from aiohttp import web
 from proxy.config import Config, single_upstream
 from tests.fake_upstream import FakeUpstream
 from tests.harness import Running, config
+from tests.mcp_servers import hostile_server, tool_server  # noqa: F401 (fixtures)
 from tests.redis_server import RedisServer
 
 

@@ -12,6 +12,7 @@ from typing import Any
 
 import orjson
 
+from proxy.responses.mcp import Servers
 from proxy.responses.plan import Call, TranslationSettings, plan_call
 from proxy.responses.schema import parse_request
 from proxy.responses.sealing import Sealer
@@ -58,11 +59,12 @@ def error_frame(message: str = "boom", code: int | str = 500) -> bytes:
     return frame({"error": {"object": "error", "message": message, "type": "InternalServerError", "param": None, "code": code}})
 
 
-def plan(logprobs: bool = True, *, sealer: Sealer | None = None, **body: Any) -> Call:
+def plan(logprobs: bool = True, *, sealer: Sealer | None = None, servers: Servers | None = None, **body: Any) -> Call:
+    """`servers`: what the request's MCP servers listed, as the turn layer found it (design.md 14)."""
     request = {"model": "m", "input": "hi", "stream": True, **body}
     if logprobs:
         request["include"] = [*LOGPROBS, *body.get("include", [])]
-    return plan_call(parse_request(request), TranslationSettings(model="m", sealer=sealer))
+    return plan_call(parse_request(request), TranslationSettings(model="m", sealer=sealer), servers=servers)
 
 
 NOW = 1_750_000_000
@@ -225,7 +227,7 @@ def check_stream(events: list[dict]) -> Stream:
         kind = event["type"]
         if kind == "response.output_item.added":
             assert event["output_index"] == len(items), "output_index dense, in order of output_item.added"
-            assert event["item"]["status"] == "in_progress"
+            assert event["item"].get("status", "in_progress") == "in_progress"  # MCP listings and approval requests have none
             item = _Item(event["item"]["id"], event["item"]["type"])
             if item.type != "message":
                 assert open_other is None, "items follow one another"

@@ -18,9 +18,10 @@ ALLOWED = {
     "responses": {"errors"},
     "relay": {"errors", "responses", "upstream"},
     "background": {"errors", "config", "relay", "responses", "store", "upstream"},
-    "upstream": {"errors", "config", "responses"},
+    "upstream": {"errors", "config", "responses", "limits"},
     "config": {"errors", "responses"},
-    "store": {"errors"},
+    "store": {"errors", "limits"},
+    "limits": set(),
 }
 
 

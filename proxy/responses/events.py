@@ -8,6 +8,7 @@ from typing import Any
 import orjson
 
 from .lifecycle import DONE, encoded_event
+from .mcp import opening, progress
 
 
 class OpenItem:
@@ -21,6 +22,18 @@ class OpenItem:
         self.parts: list[str] = []
         self.at = {"item_id": item["id"], "output_index": index}  # what every event on it names
         self.heads: dict[str, bytes] = {}  # delta event type -> its encoded head
+
+
+def open_form(item: dict[str, Any], text: str) -> dict[str, Any]:
+    """An item still being generated, with its `text` so far where its kind shows it."""
+    kind = item["type"]
+    if kind == "reasoning":
+        return {**item, "content": [{"type": "reasoning_text", "text": text}]}
+    if kind == "message":  # a refusal
+        return {**item, "content": [{"type": "refusal", "refusal": text}]}
+    if kind == "custom_tool_call":
+        return {**item, "input": text}
+    return {**item, "arguments": text} if "arguments" in item else item
 
 
 def text_part(text: str, logprobs: orjson.Fragment | list[Any]) -> dict[str, Any]:
@@ -46,6 +59,13 @@ class Events:
         fields["sequence_number"] = self.sequence
         self.sequence += 1
         self._made.append(encoded_event(fields) + b"\n\n")
+
+    def whole(self, index: int, item: dict[str, Any]) -> None:
+        """An item the proxy made whole, at output `index`: added, its progress, done."""
+        self.emit("response.output_item.added", output_index=index, item=opening(item))
+        for event, fields in progress(item):
+            self.emit(event, item_id=item["id"], output_index=index, **fields)
+        self.emit("response.output_item.done", output_index=index, item=item)
 
     def part(self, event: str, item: OpenItem, part: dict[str, Any]) -> None:
         self.emit(event, **item.at, content_index=0, part=part)

@@ -6,7 +6,7 @@ what the answer's translation needs) out.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -15,6 +15,9 @@ import msgspec
 from ..errors import InvalidRequest
 from . import compaction
 from .logprobs import INCLUDE_LOGPROBS, SPEC_MAX_TOP_LOGPROBS, effective_top_logprobs
+from .mcp import BUILTIN_KINDS, McpApprovalRequest, McpApprovalResponse, McpCall, McpTool, Servers, ToolChoiceMcp
+from .mcp import redacted as redacted_server
+from .mcp import tool_message as mcp_tool_message
 from .schema import (
     CHOSEN_BY_NAME,
     INCLUDE_ENCRYPTED_REASONING,
@@ -91,14 +94,17 @@ class Call:
     ignored: tuple[str, ...] = ()
     # A turn whose input and output tokens reach this many is compacted after its answer (8.10).
     compact_at: int | None = None
-    # The chat functions the proxy runs itself: a round that calls one has another after it,
-    # its calls' results given to the model (design.md 2.3).
-    run_here: frozenset[str] = frozenset()
+    # Items the turn made before the model's first round: MCP listings, approved calls (14.3, 14.5).
+    prelude: tuple[dict[str, Any], ...] = ()
 
 
-def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored: bool = False) -> Call:
+def plan_call(
+    request: CreateResponse, settings: TranslationSettings, *, stored: bool = False, servers: Servers | None = None
+) -> Call:
     """Translate a validated request (its history expanded, design.md 9.4) into the chat request
-    for the route behind `settings`; `stored` says whether the response will be kept."""
+    for the route behind `settings`; `stored` says whether the response will be kept, `servers`
+    what its MCP servers listed and its approvals ran (design.md 14)."""
+    servers = servers or Servers()
     include = request.include or ()
     logprobs = INCLUDE_LOGPROBS in include
     if logprobs and not settings.logprobs:
@@ -108,8 +114,8 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
             code="unsupported_parameter",
         )
     ignored: list[str] = []
-    tools = _client_tools(offered_tools(request), settings, ignored)
-    table = ToolTable(tools)
+    tools = _client_tools(offered_tools(request), settings, ignored, servers.builtins)
+    table = ToolTable(tools, servers.tools, servers.builtins)
     top_logprobs = effective_top_logprobs(request.top_logprobs, settings.max_top_logprobs)
     stream = bool(request.stream)
     # A background run always reads the upstream as a stream: its events are what it keeps.
@@ -125,7 +131,7 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
     ]
     chat: dict[str, Any] = dict(
         model=settings.model,
-        messages=_Conversation(table, settings, ignored).messages(request),
+        messages=_Conversation(table, settings, ignored, servers.answers).messages(request),
         stream=streamed_upstream,
         max_completion_tokens=request.max_output_tokens,
         # Older servers only read max_tokens; newer ones prefer max_completion_tokens.
@@ -159,16 +165,22 @@ def plan_call(request: CreateResponse, settings: TranslationSettings, *, stored:
         seal=settings.sealer.seal if settings.sealer and INCLUDE_ENCRYPTED_REASONING in include else None,
         ignored=tuple(ignored),
         compact_at=compact_at,
+        prelude=tuple(servers.items),
     )
 
 
-def _client_tools(tools: list[Tool], settings: TranslationSettings, ignored: list[str]) -> list[Tool]:
+def _client_tools(
+    tools: list[Tool], settings: TranslationSettings, ignored: list[str], builtins: Mapping[str, Any]
+) -> list[Tool]:
     """The tools the model is offered: hosted ones are dropped or refused, by the route's
-    policy (design.md 8.4)."""
+    policy (design.md 8.4), but for those the operator answers with an MCP tool (14.8)."""
+    offered = []
     for index, tool in enumerate(tools):
-        if isinstance(tool, HostedTool):
+        if isinstance(tool, HostedTool) and BUILTIN_KINDS.get(tool.kind) not in builtins:
             _drop_hosted("tool", tool.kind, f"tools[{index}].type", settings, ignored)
-    return [tool for tool in tools if not isinstance(tool, HostedTool)]
+        else:
+            offered.append(tool)
+    return offered
 
 
 def _drop_hosted(where: str, kind: str, param: str, settings: TranslationSettings, ignored: list[str]) -> None:
@@ -192,7 +204,9 @@ def _offered(
     refuse a `tool_choice` without `tools`."""
     functions: list[dict[str, Any]] = table.functions
     chosen: Any = choice
-    if isinstance(choice, HostedToolChoice):
+    if isinstance(choice, HostedToolChoice) and table.builtin(choice.kind) is not None:
+        chosen = {"type": "function", "function": {"name": table.builtin(choice.kind)}}
+    elif isinstance(choice, HostedToolChoice):
         _drop_hosted("tool_choice", choice.kind, "tool_choice.type", settings, ignored)
         chosen = None  # the model keeps its choice
     elif isinstance(choice, ToolChoiceAllowed):
@@ -202,12 +216,26 @@ def _offered(
                 allowed.add(table.chat_name(entry["name"], entry.get("namespace")))
             elif entry["type"] == "namespace":  # all its functions
                 allowed.update(table.members(entry["name"]))
+            elif entry["type"] == "mcp":
+                allowed.update(_server_choice(table, entry.get("server_label"), entry.get("name")))
             else:
                 _drop_hosted("tool_choice", entry["type"], f"tool_choice.tools[{index}].type", settings, ignored)
         functions = [function for function in functions if function["function"]["name"] in allowed]
         chosen = choice.mode
     elif isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
         chosen = {"type": "function", "function": {"name": table.chat_name(choice.name, choice.namespace)}}
+    elif isinstance(choice, ToolChoiceMcp):
+        names = _server_choice(table, choice.server_label, choice.name)
+        if not names:
+            raise InvalidRequest(
+                f"tool_choice names a tool of the MCP server '{choice.server_label}' that its tools do not offer.",
+                param="tool_choice",
+            )
+        if choice.name is not None:
+            chosen = {"type": "function", "function": {"name": names[0]}}
+        else:  # any of that server's tools
+            functions = [function for function in functions if function["function"]["name"] in names]
+            chosen = "required"
     if functions:
         return functions, chosen
     if chosen == "required":
@@ -217,6 +245,11 @@ def _offered(
             param="tool_choice",
         )
     return [], None
+
+
+def _server_choice(table: ToolTable, server: Any, name: Any) -> list[str]:
+    """The chat names of an MCP server's offered tools that a tool choice names: one, or all."""
+    return [chat_name for (label, tool), chat_name in table.server_tools() if label == server and name in (None, tool)]
 
 
 def _effort(reasoning: ReasoningConfig | None) -> str | None:
@@ -276,8 +309,11 @@ def _chat_content(parts: str | list[ContentPart]) -> str | list[dict[str, Any]]:
 class _Conversation:
     """Input items -> chat messages (design.md 8.2)."""
 
-    def __init__(self, table: ToolTable, settings: TranslationSettings, ignored: list[str]) -> None:
+    def __init__(
+        self, table: ToolTable, settings: TranslationSettings, ignored: list[str], answers: Mapping[str, str]
+    ) -> None:
         self._table = table
+        self._answers = answers  # the approvals this request gives, by approval request (14.5)
         self._settings = settings
         self._ignored = ignored
         self._messages: list[dict[str, Any]] = []
@@ -327,6 +363,14 @@ class _Conversation:
                 self._add({"role": "user", "content": compaction.HEAD + summary})
         elif isinstance(item, AgentMessage):
             self._agent_message(item)
+        elif isinstance(item, McpCall):
+            self._tool_call(item.id, table.server_chat_name(item.server_label, item.name), item.arguments)
+            self._add({"role": "tool", "tool_call_id": item.id, "content": mcp_tool_message(item.output, item.error)})
+        elif isinstance(item, McpApprovalRequest) and item.id in self._answers:
+            self._tool_call(item.id, table.server_chat_name(item.server_label, item.name), item.arguments)
+        elif isinstance(item, McpApprovalResponse) and item.approval_request_id in self._answers:
+            answer = self._answers[item.approval_request_id]
+            self._add({"role": "tool", "tool_call_id": item.approval_request_id, "content": answer}, tool=True)
         elif isinstance(item, DroppedItem):
             self._ignored.append(f"input:{item.kind}")
 
@@ -429,8 +473,8 @@ def _echo(
         "model": request.model,
         "instructions": request.instructions,
         "previous_response_id": request.previous_response_id,
-        "tools": [msgspec.to_builtins(tool) for tool in tools],
-        "tool_choice": _echoed_choice(choice),
+        "tools": [_echoed_tool(tool) for tool in tools],
+        "tool_choice": _echoed_choice(choice, tools),
         "parallel_tool_calls": chat.get("parallel_tool_calls", True),
         "text": {"format": _echoed_format(text), "verbosity": None},
         "reasoning": {"effort": effort, "summary": summary},
@@ -453,7 +497,18 @@ def _echo(
     }
 
 
-def _echoed_choice(choice: ToolChoice | None) -> Any:
+def _echoed_tool(tool: Tool) -> dict[str, Any]:
+    if isinstance(tool, McpTool):
+        return redacted_server(tool)
+    if isinstance(tool, HostedTool):  # one the operator answers (design.md 14.8)
+        return tool.sent
+    return msgspec.to_builtins(tool)  # type: ignore[no-any-return]
+
+
+def _echoed_choice(choice: ToolChoice | None, tools: list[Tool]) -> Any:
+    answered = {BUILTIN_KINDS.get(tool.kind) for tool in tools if isinstance(tool, HostedTool)}
+    if isinstance(choice, HostedToolChoice) and BUILTIN_KINDS.get(choice.kind, "") in answered:
+        return {"type": choice.kind}
     if choice is None or isinstance(choice, HostedToolChoice):
         return "auto"  # a dropped hosted tool leaves the model its choice (design.md 8.4)
     if isinstance(choice, str):

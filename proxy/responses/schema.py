@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from ..errors import InvalidRequest
+from .mcp import McpApprovalRequest, McpApprovalResponse, McpCall, McpListTools, McpTool, ToolChoiceMcp
 
 # The `include` values of the Responses spec. The logprobs one turns scores on (design.md 3.1)
 # and `reasoning.encrypted_content` seals reasoning (design.md 8.6); the others name outputs of
@@ -35,7 +36,6 @@ NO_CHAT_FORM = frozenset({
     "file_search_call", "web_search_call", "computer_call", "computer_call_output",
     "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output",
     "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
-    "mcp_list_tools", "mcp_approval_request", "mcp_approval_response", "mcp_call",
     "tool_search_call", "tool_search_output",
     "program", "program_output", "ghost_snapshot", "multi_agent_call", "multi_agent_call_output",
 })  # fmt: skip
@@ -46,8 +46,10 @@ UNHONOURED_ITEMS = {
 }
 # Codex's other names of a `compaction` item: older, and its context compaction's.
 _COMPACTION_NAMES = ("compaction_summary", "context_compaction")
-# Tools the model calls and the client runs; every other type is run by OpenAI's servers.
+# Tools the model calls and the client runs; of the others, the proxy runs `mcp` (design.md
+# 14), and every other type is OpenAI's servers' (or an operator's MCP tool, 14.6).
 CLIENT_TOOLS = frozenset({"function", "custom", "namespace"})
+_READ_TOOLS = CLIENT_TOOLS | {"mcp"}
 # The tag that stands in for what a request names but the proxy drops (hosted tools, items
 # with no chat form), so that msgspec still reports later entries at their own index.
 _DROPPED = "dropped"
@@ -183,6 +185,10 @@ InputItem = (
     | CompactionTrigger
     | AdditionalTools
     | AgentMessage
+    | McpListTools
+    | McpCall
+    | McpApprovalRequest
+    | McpApprovalResponse
     | ItemReference
 )
 
@@ -207,10 +213,11 @@ class NamespaceTool(_Tagged, tag="namespace"):
 
 
 class HostedTool(_Tagged, tag=_DROPPED):
-    kind: str  # the tool's own type: web_search, file_search, mcp, ...
+    kind: str  # the tool's own type: web_search, file_search, ...
+    sent: dict[str, Any] = {}  # as the request sent it: repeated where the operator answers it (14.8)
 
 
-Tool = FunctionTool | CustomTool | NamespaceTool | HostedTool
+Tool = FunctionTool | CustomTool | NamespaceTool | McpTool | HostedTool
 
 
 class ToolChoiceFunction(_Tagged, tag="function"):
@@ -236,7 +243,12 @@ class HostedToolChoice(_Tagged, tag=_DROPPED):
 
 
 ToolChoice = (
-    Literal["none", "auto", "required"] | ToolChoiceFunction | ToolChoiceCustom | ToolChoiceAllowed | HostedToolChoice
+    Literal["none", "auto", "required"]
+    | ToolChoiceFunction
+    | ToolChoiceCustom
+    | ToolChoiceAllowed
+    | ToolChoiceMcp
+    | HostedToolChoice
 )
 CHOSEN_BY_NAME = ("function", "custom")
 
@@ -392,7 +404,7 @@ def parse_request(data: Any) -> CreateResponse:
         fields["metadata"] = parse_metadata(data["metadata"])
     if "tool_choice" in data:
         fields["tool_choice"] = _stand_in(
-            data["tool_choice"], lambda kind: kind not in (*CHOSEN_BY_NAME, "allowed_tools")
+            data["tool_choice"], lambda kind: kind not in (*CHOSEN_BY_NAME, "allowed_tools", "mcp")
         )
     try:
         request = msgspec.convert(fields, CreateResponse)
@@ -452,7 +464,7 @@ def offered_tools(request: CreateResponse) -> list[Tool]:
 
 
 def _hosted(kind: str) -> bool:
-    return kind not in CLIENT_TOOLS
+    return kind not in _READ_TOOLS
 
 
 def typed_item(item: Any) -> Any:
@@ -468,7 +480,7 @@ def typed_item(item: Any) -> Any:
 def _stand_in(entry: Any, dropped: Callable[[str], bool]) -> Any:
     """The entry, or the stand-in for it when its type is one the proxy drops."""
     kind = entry.get("type") if isinstance(entry, dict) else None
-    return {"type": _DROPPED, "kind": kind} if isinstance(kind, str) and dropped(kind) else entry
+    return {"type": _DROPPED, "kind": kind, "sent": entry} if isinstance(kind, str) and dropped(kind) else entry
 
 
 def _validation_error(text: str, field: str = "") -> InvalidRequest:
@@ -535,4 +547,4 @@ def _declared(tool: Tool) -> set[tuple[str | None, str]]:
     """The (namespace, name) pairs a tool declares."""
     if isinstance(tool, NamespaceTool):
         return {(tool.name, member.name) for member in tool.tools}
-    return set() if isinstance(tool, HostedTool) else {(None, tool.name)}
+    return set() if isinstance(tool, HostedTool | McpTool) else {(None, tool.name)}

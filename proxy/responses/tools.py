@@ -4,8 +4,9 @@
 A chat function name must match `^[a-zA-Z0-9_-]{1,64}$`; the Responses API also has namespaces
 (a group of functions whose calls come back with `name` and `namespace` apart) and custom
 tools (free-text input, often under a grammar). Plain functions keep their names; a namespace
-member becomes `<namespace>__<name>`, made valid and unique; a custom tool becomes a function
-with one string parameter, `input`. The naming depends only on the request's tools, so the
+member becomes `<namespace>__<name>`, made valid and unique, and so does an MCP server's tool,
+as `<server_label>__<name>` (design.md 14.4); a custom tool becomes a function with one string
+parameter, `input`. The naming depends only on the request's tools, so the
 same tools give the same chat names on every turn, and a replayed call maps back to the name
 the model saw.
 """
@@ -14,13 +15,14 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 import orjson
 
-from .schema import CustomTool, FunctionTool, NamespaceTool, Tool
+from .mcp import BUILTIN_FUNCTIONS, BUILTIN_KINDS, Builtin, McpTool, needs_approval
+from .schema import CustomTool, FunctionTool, HostedTool, NamespaceTool, Tool
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_-]")
 _MAX_NAME = 64
@@ -35,6 +37,9 @@ class ToolRef:
     name: str
     namespace: str | None = None
     custom: bool = False
+    server: str | None = None  # the `server_label` of an MCP server's tool, which the proxy runs
+    approval: bool = False  # whether its calls wait for the client's approval (design.md 14.5)
+    builtin: str | None = None  # the built-in type its calls show as (`web_search`, 14.8)
 
 
 def _namespaced_name(namespace: str, name: str, taken: set[str]) -> str:
@@ -50,17 +55,30 @@ def _namespaced_name(namespace: str, name: str, taken: set[str]) -> str:
 
 
 class ToolTable:
-    """The request's tools, by chat name and by client name."""
+    """The request's tools, by chat name and by client name; its MCP servers' tools, as each
+    server listed them (`servers`, by label), among them."""
 
-    __slots__ = ("functions", "_by_chat_name", "_chat_names")
+    __slots__ = ("functions", "run_here", "_by_chat_name", "_chat_names", "_server_names")
 
-    def __init__(self, tools: Iterable[Tool]) -> None:
+    def __init__(
+        self,
+        tools: Iterable[Tool],
+        servers: Mapping[str, list[dict[str, Any]]] | None = None,
+        builtins: Mapping[str, Builtin] | None = None,
+    ) -> None:
         members: list[tuple[str | None, FunctionTool | CustomTool, str | None]] = []
+        remote: list[tuple[McpTool, dict[str, Any]]] = []
+        mapped: dict[str, Builtin] = {}
         for tool in tools:
             if isinstance(tool, NamespaceTool):
                 members += [(tool.name, member, tool.description) for member in tool.tools]
             elif isinstance(tool, FunctionTool | CustomTool):
                 members.append((None, tool, None))
+            elif isinstance(tool, McpTool):
+                remote += [(tool, listed) for listed in (servers or {}).get(tool.server_label, ())]
+            elif isinstance(tool, HostedTool) and BUILTIN_KINDS.get(tool.kind) in (builtins or {}):
+                builtin = (builtins or {})[BUILTIN_KINDS[tool.kind]]
+                mapped[builtin.kind] = builtin
         # Plain functions keep their names, so a namespaced name yields to them.
         taken = {tool.name for namespace, tool, _ in members if namespace is None}
         self._by_chat_name: dict[str, ToolRef] = {}
@@ -73,6 +91,23 @@ class ToolTable:
             self._by_chat_name[chat_name] = ToolRef(tool.name, namespace, custom)
             self._chat_names[(namespace, tool.name)] = chat_name
             self.functions.append(_chat_function(chat_name, tool, context))
+        self._server_names: dict[tuple[str, str], str] = {}
+        for server, listed in remote:
+            chat_name = _namespaced_name(server.server_label, listed["name"], taken)
+            taken.add(chat_name)
+            approval = needs_approval(server, listed)
+            self._by_chat_name[chat_name] = ToolRef(listed["name"], server=server.server_label, approval=approval)
+            self._server_names[(server.server_label, listed["name"])] = chat_name
+            description = "\n\n".join(text for text in (server.server_description, listed.get("description")) if text)
+            parameters = listed.get("input_schema") or {"type": "object", "properties": {}}
+            function = {"name": chat_name, "description": description, "parameters": parameters}
+            self.functions.append({"type": "function", "function": function})
+        for kind, builtin in mapped.items():
+            chat_name = kind if kind not in taken else _namespaced_name(builtin.server_label, kind, taken)
+            taken.add(chat_name)
+            self._by_chat_name[chat_name] = ToolRef(builtin.name, server=builtin.server_label, builtin=kind)
+            self.functions.append({"type": "function", "function": {**BUILTIN_FUNCTIONS[kind], "name": chat_name}})
+        self.run_here = frozenset(name for name, ref in self._by_chat_name.items() if ref.server is not None)
 
     def chat_name(self, name: str, namespace: str | None) -> str:
         """The chat name of a client tool; for one not offered on this turn, the name it had
@@ -81,6 +116,20 @@ class ToolTable:
         if found is not None:
             return found
         return name if namespace is None else _namespaced_name(namespace, name, set())
+
+    def server_chat_name(self, server: str, name: str) -> str:
+        """The chat name of an MCP server's tool; for one not offered on this turn, the name
+        it had when it was offered alone."""
+        return self._server_names.get((server, name)) or _namespaced_name(server, name, set())
+
+    def builtin(self, kind: str) -> str | None:
+        """The chat name of a built-in tool type the operator answers (design.md 14.8)."""
+        wanted = BUILTIN_KINDS.get(kind)
+        return next((name for name, ref in self._by_chat_name.items() if ref.builtin and ref.builtin == wanted), None)
+
+    def server_tools(self) -> list[tuple[tuple[str, str], str]]:
+        """Each MCP server's offered tool, `(server_label, name)`, with its chat name."""
+        return list(self._server_names.items())
 
     def members(self, namespace: str) -> list[str]:
         """The chat names of a namespace's functions."""

@@ -21,8 +21,9 @@ import msgspec
 import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
+from .calls import NAMELESS_CALL, ToolCall, cut_short, status_at
 from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error, usage_of
-from .events import Events, OpenItem, text_part
+from .events import Events, OpenItem, open_form, text_part
 from .lifecycle import (
     INCOMPLETE_REASONS,
     TERMINAL_EVENTS,
@@ -36,32 +37,10 @@ from .lifecycle import (
     usage_sum,
 )
 from .logprobs import ScoreBuffer
+from .mcp import RUN_ITEMS, finished_call, whole_call
 from .plan import Call
 from .sse import DEFAULT_MAX_EVENT, SSEDecoder
-from .tools import ToolRef, custom_input
-
-_UNNAMED = ToolRef("")
-_NAMELESS_CALL = "the upstream sent a tool call without a name"
-
-
-class _ToolCall:
-    """A tool call as its deltas accumulate; it becomes an item once its id and name are known."""
-
-    __slots__ = ("call_id", "name", "ref", "arguments", "item")
-
-    def __init__(self) -> None:
-        self.call_id: str | None = None
-        self.name: str | None = None  # the chat function's name
-        self.ref = _UNNAMED  # the client's tool behind it, once the name is known
-        self.arguments: list[str] = []
-        self.item: OpenItem | None = None
-
-
-def _status(item: OpenItem | None, cut: OpenItem | _ToolCall | None, default: str) -> str:
-    """An open item's status as it closes: `incomplete` for `cut`, the item generated when the
-    stream stopped."""
-    at_cut = item is cut or (isinstance(cut, _ToolCall) and item is cut.item)
-    return "incomplete" if item is not None and at_cut else default
+from .tools import custom_input
 
 
 class ResponseTranslator:
@@ -89,14 +68,18 @@ class ResponseTranslator:
         self._current: OpenItem | None = None  # the open reasoning, tool call or refusal item
         self._message: OpenItem | None = None
         # What the last generated token went to: an item, or a tool call still waiting for its id.
-        self._generating: OpenItem | _ToolCall | None = None
-        self._calls: dict[int, _ToolCall] = {}
+        self._generating: OpenItem | ToolCall | None = None
+        self._calls: dict[int, ToolCall] = {}
         self._scores = ScoreBuffer(call.alternatives)
         self._shape: ChunkShape | None = None  # of the last chunk that held one text and nothing else
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
         self._max_event = max_event
         self._spent: dict[str, Any] | None = None  # the usage of the rounds before this one
+        self._limit: int | None = call.echo["max_output_tokens"]  # this round's output tokens
+        # The calls the proxy runs that the model made, to run after its round, with what runs (14.4).
+        self._pending: list[tuple[OpenItem, dict[str, Any]]] = []
+        self._round_text = 0  # the message's parts from before this round
         self.response: dict[str, Any] | None = None  # set once a terminal event is built
         self.error: ProxyError | None = None
         self.round_over = False  # its upstream call finished, another round due (design.md 2.3)
@@ -141,7 +124,14 @@ class ResponseTranslator:
             "response.created", response={**snapshot, "status": "queued"} if self._call.background else snapshot
         )
         self._events.emit("response.in_progress", response=snapshot)
+        self._add_prelude()
         return self._flush()
+
+    def _add_prelude(self) -> None:
+        """What the turn did before the model's first round (design.md 14.3, 14.5), once."""
+        if not self._output:
+            for item in self._call.prelude:
+                self._add_whole(item)
 
     def feed(self, data: bytes) -> bytes:
         if self.response is not None:
@@ -204,6 +194,7 @@ class ResponseTranslator:
         delta, then the end of input: the Response, for orjson to encode (its scores are
         pre-encoded `orjson.Fragment`s), or None when another round is due. An upstream failure
         raises."""
+        self._add_prelude()
         try:
             self._payload(body)
         except ProxyError as error:
@@ -318,8 +309,8 @@ class ResponseTranslator:
         if call is None or (named and delta.id and call.call_id and delta.id != call.call_id):
             # design.md 6.4: another id and a name at an index is another call.
             if call is not None and call.item is None:
-                raise UpstreamProtocolError(_NAMELESS_CALL)
-            call = self._calls[index] = _ToolCall()
+                raise UpstreamProtocolError(NAMELESS_CALL)
+            call = self._calls[index] = ToolCall()
         elif call.item is not None and call.item is not self._current:
             raise UpstreamProtocolError(f"tool call {index} continued after another item began")
         call.call_id = call.call_id or delta.id
@@ -329,10 +320,8 @@ class ResponseTranslator:
                 call.ref = self._call.tools.lookup(function.name)
             if function.arguments:
                 call.arguments.append(function.arguments)
-                if call.item is not None and not call.ref.custom:
-                    self._events.delta(
-                        call.item, "response.function_call_arguments.delta", None, orjson.dumps(function.arguments)
-                    )
+                if call.item is not None and call.delta_event is not None:
+                    self._events.delta(call.item, call.delta_event, None, orjson.dumps(function.arguments))
         if call.item is None and call.call_id and call.name:
             self._open_call(call)
         self._generating = call.item or call
@@ -357,36 +346,15 @@ class ResponseTranslator:
         self._events.part("response.content_part.added", item, part)
         return item
 
-    def _open_call(self, call: _ToolCall) -> None:
-        """A function call, or a custom tool call (design.md 8.4), under the client's name."""
+    def _open_call(self, call: ToolCall) -> None:
         self._close_current()
-        ref = call.ref
-        fields: dict[str, Any] = {"call_id": call.call_id or self._new_id("call"), "name": ref.name}
-        if ref.namespace is not None:
-            fields["namespace"] = ref.namespace
-        if ref.custom:
-            opened = {
-                "id": self._new_id("ctc"),
-                "type": "custom_tool_call",
-                "status": "in_progress",
-                **fields,
-                "input": "",
-            }
-        else:
-            opened = {
-                "id": self._new_id("fc"),
-                "type": "function_call",
-                "status": "in_progress",
-                **fields,
-                "arguments": "",
-            }
-        item = call.item = self._current = self._open(opened)
+        item = call.item = self._current = self._open(call.opened(self._new_id))
         item.parts = call.arguments  # one list: fragments that come later are the item's too
+        if call.ref.builtin is not None:
+            self._events.emit(f"response.{item.item['type']}.in_progress", **item.at)
         # Fragments that came before the id and name were known.
-        if call.arguments and not ref.custom:
-            self._events.delta(
-                item, "response.function_call_arguments.delta", None, orjson.dumps("".join(call.arguments))
-            )
+        if call.arguments and call.delta_event is not None:
+            self._events.delta(item, call.delta_event, None, orjson.dumps("".join(call.arguments)))
 
     def _close_current(self, status: str = "completed") -> None:
         item = self._current
@@ -410,6 +378,16 @@ class ResponseTranslator:
                 self._events.emit("response.custom_tool_call_input.delta", **item.at, delta=text)
             self._events.emit("response.custom_tool_call_input.done", **item.at, input=text)
             item.item["input"] = text
+        elif kind in RUN_ITEMS:
+            events = whole_call(item.item, text)
+            if status == "completed":  # whole: it runs after the round (design.md 14.4)
+                for event, fields in events:
+                    self._events.emit(event, **item.at, **fields)
+                call = next(call for call in self._calls.values() if call.item is item)
+                self._pending.append((item, call.run()))
+                return
+        elif kind == "mcp_approval_request":
+            item.item["arguments"] = text
         else:
             self._events.emit("response.function_call_arguments.done", **item.at, arguments=text)
             item.item["arguments"] = text
@@ -445,22 +423,24 @@ class ResponseTranslator:
         self._close(message, status)
 
     def _close(self, item: OpenItem, status: str) -> None:
-        item.item["status"] = status
+        if item.item["type"] != "mcp_approval_request":  # the one item without a status
+            item.item["status"] = status
         self._events.emit("response.output_item.done", output_index=item.index, item=item.item)
 
-    def _close_all(self, cut: OpenItem | _ToolCall | None, default: str) -> None:
+    def _close_all(self, cut: OpenItem | ToolCall | None, default: str) -> None:
         """Close every open item; `cut` (the item generated when the stream stopped) gets
         `incomplete`, the others `default`."""
         self._close_calls(cut, default)
-        self._close_message(_status(self._message, cut, default))
+        self._ran({})  # MCP calls that did not run, their turn over
+        self._close_message(status_at(self._message, cut, default))
 
-    def _close_calls(self, cut: OpenItem | _ToolCall | None, default: str) -> None:
+    def _close_calls(self, cut: OpenItem | ToolCall | None, default: str) -> None:
         """Close every open item but the message, which stays open across rounds (3.8)."""
-        self._close_current(_status(self._current, cut, default))
+        self._close_current(status_at(self._current, cut, default))
         for call in self._calls.values():
             if call.item is None and call.name:  # its id never came: still the client's call
                 self._open_call(call)
-                self._close_current(_status(call.item, cut, default))
+                self._close_current(status_at(call.item, cut, default))
 
     # -- endings ---------------------------------------------------------------------------
 
@@ -472,16 +452,17 @@ class ResponseTranslator:
             self._fail(UpstreamProtocolError("the upstream stream ended before the generation finished"))
             return
         if any(call.name is None for call in self._calls.values()):
-            self._fail(UpstreamProtocolError(_NAMELESS_CALL))
+            self._fail(UpstreamProtocolError(NAMELESS_CALL))
             return
-        if reason == "tool_calls" and self._cut_at_token_limit():
+        spent = (self._usage.completion_tokens or 0) if self._usage is not None else None
+        if reason == "tool_calls" and cut_short(self._generating, self._limit, spent):
             reason = "length"
         incomplete = INCOMPLETE_REASONS.get(reason)
         if incomplete:
             self._close_all(self._generating, "completed")
             self._terminate("incomplete", incomplete_details={"reason": incomplete})
         elif self._round_due():
-            if self.calls_to_run():  # the message stays open: the next round's scores follow (3.7, 3.8)
+            if self._runs_tools():  # the message stays open: the next round's scores follow (3.7, 3.8)
                 self._close_calls(None, "completed")
             else:  # what is due makes no scores (a compaction's summary): the rounds' items are whole
                 self._close_all(None, "completed")
@@ -494,17 +475,50 @@ class ResponseTranslator:
         """Whether the turn goes on after this round: it called a tool the proxy runs, or its
         conversation reached its compaction threshold (design.md 8.10)."""
         compact_at = self._call.compact_at
-        return bool(self.calls_to_run()) or (compact_at is not None and self.context() >= compact_at)
+        return self._runs_tools() or (compact_at is not None and self.context() >= compact_at)
+
+    def _runs_tools(self) -> bool:
+        return any(call.ref.server is not None and not call.ref.approval for call in self._calls.values())
 
     def calls_to_run(self) -> list[dict[str, Any]]:
-        """The items of this round's calls of tools the proxy runs itself."""
-        run_here = self._call.run_here
-        return [call.item.item for call in self._calls.values() if call.item is not None and call.name in run_here]
+        """This round's calls of tools the proxy runs itself, each as it runs: its item's `id`,
+        `server_label`, `name` and `arguments` (design.md 14.4)."""
+        return [run for _, run in self._pending]
+
+    def ran(self, results: dict[str, tuple[str | None, dict[str, Any] | None]]) -> bytes:
+        """This round's MCP calls done, each with its output or its error by item id; one
+        without a result did not run (design.md 14.4)."""
+        self._ran(results)
+        return self._flush()
+
+    def _ran(self, results: dict[str, tuple[str | None, dict[str, Any] | None]]) -> None:
+        for item, run in self._pending:
+            status, event = finished_call(item.item, *results.get(run["id"], (None, None)))
+            self._events.emit(event, **item.at)
+            self._close(item, status)
+        self._pending = []
+
+    @property
+    def awaits_client(self) -> bool:
+        """Whether this round called a tool the client runs, or one whose call it must approve:
+        the Response then ends after the round, for the client (design.md 14.4, 14.5)."""
+        return any(call.ref.server is None or call.ref.approval for call in self._calls.values())
+
+    def round_message(self) -> dict[str, Any]:
+        """This round as the next round's chat reads it: its text and its calls, each MCP call
+        under its item's id, which its tool message answers (design.md 14.4)."""
+        text = "".join(self._message.parts[self._round_text :]) if self._message is not None else ""
+        calls = [call.chat_form() for call in self._calls.values() if call.item is not None]
+        return {"role": "assistant", "content": text or None, "tool_calls": calls}
+
+    def tokens_left(self) -> int | None:
+        """The output tokens `max_output_tokens` leaves the next round; None: no limit."""
+        limit: int | None = self._call.echo["max_output_tokens"]
+        return limit and limit - self._usage_so_far()["output_tokens"]
 
     def context(self) -> int:
         """The tokens of the conversation as it stands after this round."""
-        usage = self._usage
-        return (usage.prompt_tokens or 0) + (usage.completion_tokens or 0) if usage is not None else 0
+        return (self._usage.prompt_tokens or 0) + (self._usage.completion_tokens or 0) if self._usage else 0
 
     def next_round(self) -> None:
         """Take the next round's upstream call: its events continue this response's sequence
@@ -513,45 +527,41 @@ class ResponseTranslator:
         if not self.round_over:
             return
         self.round_over = False
+        self._limit = self.tokens_left()
         self._spent = self._usage_so_far()
+        self._round_text = len(self._message.parts) if self._message is not None else 0
         self._usage = None
         self._sse = SSEDecoder(self._max_event)
         self._shape = None
         self._finish_reason = None
         self._calls = {}
 
-    def end(self, items: Sequence[dict[str, Any]] = (), usage: dict[str, Any] | None = None) -> bytes:
-        """End a response between rounds, completed: `items` the turn made (a `compaction`
-        item, 8.10) added after the rounds' own, and `usage` (a summary call's) added to theirs."""
+    def end(
+        self, items: Sequence[dict[str, Any]] = (), usage: dict[str, Any] | None = None, incomplete: str | None = None
+    ) -> bytes:
+        """End a response between rounds: `items` the turn made (a `compaction` item, 8.10)
+        added after the rounds' own, `usage` (a summary call's) added to theirs; completed, or
+        `incomplete` for that reason (its output tokens spent before the next round, 14.4)."""
         if not self.round_over:
             return b""
         self.round_over = False
         self._close_all(None, "completed")
         for item in items:
-            index = len(self._output)
-            self._output.append(item)
-            self._events.emit("response.output_item.added", output_index=index, item=item)
-            self._events.emit("response.output_item.done", output_index=index, item=item)
-        self._terminate("completed", completed_at=int(self._clock()), added=usage)
+            self._add_whole(item)
+        if incomplete is not None:
+            self._terminate("incomplete", incomplete_details={"reason": incomplete})
+        else:
+            self._terminate("completed", completed_at=int(self._clock()), added=usage)
         return self._flush()
+
+    def _add_whole(self, item: dict[str, Any]) -> None:
+        self._output.append(item)
+        self._events.whole(len(self._output) - 1, item)
 
     def _usage_so_far(self) -> dict[str, Any]:
         """The usage of every round up to this one."""
         usage = usage_object(self._usage)
         return usage if self._spent is None else usage_sum(self._spent, usage)
-
-    def _cut_at_token_limit(self) -> bool:
-        """Whether the tool call being generated was cut by the token limit, which vLLM reports
-        as finished `tool_calls`: the limit reached, the call's arguments not whole JSON (a call
-        that ended on the last token allowed is whole, design.md 4.8)."""
-        limit, usage, call = self._call.echo["max_output_tokens"], self._usage, self._generating
-        if limit is None or usage is None or (usage.completion_tokens or 0) < limit or call is None:
-            return False
-        try:
-            orjson.loads("".join(call.arguments if isinstance(call, _ToolCall) else call.parts))
-        except orjson.JSONDecodeError:
-            return True
-        return False
 
     def _fail(self, error: ProxyError) -> None:
         if self.done:
@@ -579,14 +589,7 @@ class ResponseTranslator:
         message, current = self._message, self._current
         if message is not None and item is message.item and item["status"] == "in_progress":
             return {**item, "content": [text_part("".join(message.parts), self._scores.whole())]}
-        if current is not None and item is current.item:
-            text = "".join(current.parts)
-            if item["type"] == "reasoning":
-                return {**item, "content": [{"type": "reasoning_text", "text": text}]}
-            if item["type"] == "message":
-                return {**item, "content": [{"type": "refusal", "refusal": text}]}
-            return {**item, "input" if item["type"] == "custom_tool_call" else "arguments": text}
-        return item
+        return open_form(item, "".join(current.parts)) if current is not None and item is current.item else item
 
     def _summary_part(self, event: str, item: OpenItem, text: str) -> dict[str, Any]:
         part = {"type": "summary_text", "text": text}

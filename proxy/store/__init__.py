@@ -17,12 +17,13 @@ import hashlib
 import inspect
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from contextlib import AbstractContextManager
 from functools import partial
 from typing import Any, TypeVar, cast
 
 from ..errors import StoreUnavailable
+from ..limits import PerKey
 from .backend import Backend, Event, Fenced, Renewal, Runs, StoredConversation, StoredResponse
 
 __all__ = ["CapReached", "Fenced", "ResponseStore", "Runs", "StoredConversation", "StoredResponse", "owner_of"]
@@ -108,33 +109,6 @@ def _forget(reading: _Reading, key: tuple[object, ...], read: asyncio.Future[Any
         read.exception()
 
 
-class _PerKey:
-    """At most `limit` store calls of one key in flight at once; the rest wait their turn
-    (within the operation's time), so that one key cannot take the connections of all
-    (design.md 9.8). Calls of no key (without API keys, every request's) are not counted."""
-
-    def __init__(self, limit: int | None) -> None:
-        self._limit = limit
-        self._slots: dict[str, tuple[asyncio.Semaphore, int]] = {}  # a key's, and its calls in flight
-
-    @contextlib.asynccontextmanager
-    async def slot(self, owner: str | None) -> AsyncIterator[None]:
-        if not owner or self._limit is None:
-            yield
-            return
-        semaphore, calls = self._slots.get(owner) or (asyncio.Semaphore(self._limit), 0)
-        self._slots[owner] = (semaphore, calls + 1)
-        try:
-            async with semaphore:
-                yield
-        finally:
-            semaphore, calls = self._slots[owner]
-            if calls == 1:
-                del self._slots[owner]
-            else:
-                self._slots[owner] = (semaphore, calls - 1)
-
-
 def _settle(reader: asyncio.Future[bool], came: bool) -> None:
     if not reader.done():
         reader.set_result(came)
@@ -165,7 +139,7 @@ class ResponseStore:
         calls_per_key: int | None = None,
     ) -> None:
         self.backend = backend
-        self._per_key = _PerKey(calls_per_key)
+        self._per_key = PerKey(calls_per_key)
         self._reading: _Reading = {}
         self._traced = traced or _untraced  # an operation's span, where tracing is on
         self._timeout = timeout

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import msgspec
@@ -26,8 +26,10 @@ from ..runtime import Runtime
 from ..store import StoredResponse
 from ..upstream.affinity import Session
 from ..upstream.client import Exchange, UpstreamClient
+from ..upstream.mcp import Endpoint
 from .conversations import Held, hold
 from .history import History, read_history, stored_form
+from .tools import prepare
 
 log = logging.getLogger("proxy")
 
@@ -109,6 +111,7 @@ class Turn:
     # How the response is kept anywhere (the store, a connection, a conversation); None: nowhere.
     kept_as: AsStored | None
     conversation: Held | None = None  # the conversation it writes to, held until it ends (9.7)
+    servers: Mapping[str, Endpoint] = field(default_factory=dict)  # its MCP servers, by label (14)
 
     @property
     def stored_as(self) -> AsStored | None:
@@ -200,7 +203,9 @@ async def plan_turn(
     try:
         past = await read_history(store, caller.owner, parsed, kept)
         stored = store is not None and parsed.store is not False
-        call = plan_call(past.request, translation_settings(target, runtime.sealer), stored=stored)
+        servers, endpoints = await prepare(runtime.mcp, caller.owner, past.request)
+        settings = translation_settings(target, runtime.sealer)
+        call = plan_call(past.request, settings, stored=stored, servers=servers)
         _note_ignored(runtime, [*(f"field:{name}" for name in fields), *call.ignored])
         session = call_session(runtime, caller, past) if client.keyed else None
         kept_anywhere = stored or keep_here is not None or held is not None
@@ -223,7 +228,7 @@ async def plan_turn(
                 keep_here(msgspec.structs.replace(kept_form, input_items=whole, previous=None))
             await turn.add_to_conversation(response)
 
-        turn = Turn(runtime, caller, past, call, target, client, session, keep, as_stored, held)
+        turn = Turn(runtime, caller, past, call, target, client, session, keep, as_stored, held, endpoints)
         return turn
     except BaseException:
         if held is not None:

@@ -212,11 +212,11 @@ def test_replayed_custom_tool_calls_and_outputs() -> None:
 
 
 def test_hosted_tools_are_dropped_by_default() -> None:
-    tools = [WEATHER, web_search(), {"type": "tool_search", "execution": "client"}, {"type": "mcp", "server_label": "x"}]
+    tools = [WEATHER, web_search(), {"type": "tool_search", "execution": "client"}, {"type": "image_generation"}]
     call = plan({"input": "hi", "tools": tools, "tool_choice": {"type": "web_search"}})
     assert function_names(call.chat) == ["weather"]
     assert "tool_choice" not in call.chat
-    assert call.ignored == ("tool:web_search", "tool:tool_search", "tool:mcp", "tool_choice:web_search")
+    assert call.ignored == ("tool:web_search", "tool:tool_search", "tool:image_generation", "tool_choice:web_search")
     assert [tool["name"] for tool in call.echo["tools"]] == ["weather"]
     assert call.echo["tool_choice"] == "auto"
 
@@ -297,7 +297,7 @@ def test_allowed_tools_that_cannot_be_honoured_are_refused(allowed: list, param:
 
 
 def test_an_allowed_hosted_tool_is_refused_where_the_route_refuses_hosted_tools() -> None:
-    choice = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "weather"}, {"type": "mcp", "server_label": "x"}]}
+    choice = {"type": "allowed_tools", "mode": "auto", "tools": [{"type": "function", "name": "weather"}, {"type": "image_generation"}]}
     with pytest.raises(InvalidRequest) as refused:
         plan({"input": "hi", "tools": [WEATHER], "tool_choice": choice}, hosted_tools="reject")
     assert refused.value.param == "tool_choice.tools[1].type"

@@ -1,0 +1,290 @@
+"""Remote MCP servers, as the proxy calls them (design.md 14): which one a request's tool names
+and whether it may (14.1), its tools listed (14.3) and a tool called (14.4), through the
+official `mcp` SDK over streamable HTTP (or its older SSE transport), each operation bounded in
+time, in size and in calls per key, never following a redirect."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fnmatch
+import ipaddress
+import logging
+import socket
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx2
+import orjson
+from mcp import Client
+from mcp.client.sse import sse_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
+
+from ..config import HostedTool, Mcp, McpServer
+from ..errors import InvalidRequest, McpUnavailable
+from ..limits import PerKey
+from ..responses.mcp import BUILTIN_KINDS, Builtin, McpTool
+
+log = logging.getLogger("proxy")
+
+# Addresses a server named by a client may have only where the operator named its host outright:
+# the proxy's own host, and the cloud metadata services (design.md 14.1).
+_METADATA = {ipaddress.ip_address(address) for address in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")}
+_GLOB = set("*?[")
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """An MCP server as one request reaches it: its URL and the headers that go to it alone."""
+
+    label: str
+    url: str
+    headers: Mapping[str, str]
+    # Whether it may be on a loopback, link-local or metadata address: the operator named it.
+    internal: bool
+    description: str | None = None
+
+
+class McpFailure(Exception):
+    """An MCP operation that failed, as the `error` of its `mcp_call` (design.md 14.4)."""
+
+    def __init__(self, error: dict[str, Any]) -> None:
+        super().__init__(error["message"] if "message" in error else error["type"])
+        self.error = error
+
+
+class McpServers:
+    """The operator's MCP policy (config `mcp:`), and every MCP operation of the process."""
+
+    def __init__(self, config: Mcp) -> None:
+        self.config = config
+        self._by_label = {server.server_label: server for server in config.servers}
+        self._by_connector = {server.connector_id: server for server in config.servers if server.connector_id}
+        self._per_key = PerKey(config.max_calls_per_key)
+
+    def endpoint(self, tool: McpTool, index: int) -> Endpoint:
+        """The server a request's tool names, where the operator lets clients reach it; else a
+        400 naming the field, and the server is never contacted (design.md 14.1)."""
+        if tool.server_url is None:
+            server = self._by_connector.get(tool.connector_id) if tool.connector_id else None
+            server = server or self._by_label.get(tool.server_label)
+            if server is None:
+                raise InvalidRequest(
+                    f"The MCP server '{tool.server_label}' is not one this proxy defines: give its 'server_url'.",
+                    param=f"tools[{index}].server_url",
+                )
+            return self.operator_endpoint(server, tool)
+        url = tool.server_url
+        allowed = [pattern for pattern in self.config.allowed_servers if fnmatch.fnmatchcase(url, pattern)]
+        if not allowed or urlsplit(url).scheme not in ("http", "https"):
+            raise InvalidRequest(
+                f"The MCP server '{url}' is not one this proxy's operator allows (mcp.allowed_servers).",
+                param=f"tools[{index}].server_url",
+            )
+        internal = any(_GLOB.isdisjoint(urlsplit(pattern).netloc) for pattern in allowed)
+        return Endpoint(tool.server_label, url, _client_headers(tool), internal, tool.server_description)
+
+    def builtin(self, kind: str) -> tuple[Builtin, Endpoint] | None:
+        """The operator's MCP tool that answers a built-in tool type, if it maps one (14.8)."""
+        mapped = BUILTIN_KINDS.get(kind)
+        hosted: HostedTool | None = getattr(self.config, mapped) if mapped else None
+        if mapped is None or hosted is None:
+            return None
+        return Builtin(mapped, hosted.server, hosted.tool), self.operator_endpoint(self._by_label[hosted.server])
+
+    def operator_endpoint(self, server: McpServer, tool: McpTool | None = None) -> Endpoint:
+        headers = {**(_client_headers(tool) if tool is not None else {}), **server.headers}
+        token = server.authorization
+        if server.authorization_file:  # read at each connection, so that a rotated secret applies at once
+            token = Path(server.authorization_file).read_text().strip()
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        description = (tool.server_description if tool is not None else None) or server.description
+        return Endpoint(server.server_label, server.url, headers, True, description)
+
+    async def list_tools(self, endpoint: Endpoint, owner: str) -> list[dict[str, Any]]:
+        """The server's tools, as an `mcp_list_tools` item lists them; a server that cannot list
+        them is OpenAI's 424 (design.md 14.3)."""
+        try:
+            async with self._session(endpoint, owner) as client:
+                tools, cursor = [], None
+                while True:
+                    page = await client.list_tools(cursor=cursor)
+                    tools += page.tools
+                    cursor = page.next_cursor
+                    if cursor is None:
+                        break
+        except McpFailure as failure:
+            raise McpUnavailable(
+                f"Error retrieving tool list from MCP server: '{endpoint.label}'. {failure}", param="tools"
+            ) from None
+        return [_listed(tool) for tool in tools]
+
+    async def call(self, endpoint: Endpoint, owner: str, name: str, arguments: str) -> str:
+        """A tool's output as text; its failure, of any kind, an `McpFailure` (design.md 14.4)."""
+        try:
+            parsed = orjson.loads(arguments or "{}")
+        except orjson.JSONDecodeError as exc:
+            raise McpFailure(_protocol_error(-32602, f"The arguments are not JSON: {exc}")) from None
+        if not isinstance(parsed, dict):
+            raise McpFailure(_protocol_error(-32602, "The arguments are not a JSON object."))
+        async with self._session(endpoint, owner) as client:
+            result = await client.call_tool(name, parsed)
+        if result.is_error:
+            content = [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
+            raise McpFailure({"type": "mcp_tool_execution_error", "content": content})
+        texts = [block.text for block in result.content if block.type == "text"]
+        if texts or result.structured_content is None:
+            output = "\n".join(texts)
+        else:
+            output = orjson.dumps(result.structured_content).decode()
+        return output
+
+    @contextlib.asynccontextmanager
+    async def _session(self, endpoint: Endpoint, owner: str) -> AsyncIterator[Client]:
+        """A connection to the server for one operation, within the key's share of calls and
+        the operation's time; every way it can fail an `McpFailure`."""
+        config = self.config
+        async with self._per_key.slot(owner):  # design.md 14.7
+            try:
+                async with asyncio.timeout(config.timeout), Client(_transport(endpoint, config), cache=None) as client:
+                    yield client
+            except McpFailure:
+                raise
+            except TimeoutError:
+                raise McpFailure(
+                    _http_error(504, f"The MCP server did not answer within {config.timeout:g} s.")
+                ) from None
+            except Exception as exc:  # the SDK's, httpx's and the server's failures, often grouped
+                raise McpFailure(_failure(exc)) from None
+
+
+def _transport(endpoint: Endpoint, config: Mcp) -> Any:
+    """Streamable HTTP, or the older SSE transport for a server at a `/sse` path (14.1)."""
+
+    def http(headers: Any = None, timeout: Any = None, auth: Any = None) -> httpx2.AsyncClient:
+        guarded = _Guarded(endpoint.internal, config.max_output_bytes)
+        return httpx2.AsyncClient(headers=dict(endpoint.headers), timeout=config.timeout, transport=guarded)
+
+    if urlsplit(endpoint.url).path.rstrip("/").endswith("/sse"):
+        return sse_client(endpoint.url, httpx_client_factory=http)
+    return _streamable(endpoint.url, http())
+
+
+@contextlib.asynccontextmanager
+async def _streamable(url: str, http: httpx2.AsyncClient) -> AsyncIterator[Any]:
+    async with http, streamable_http_client(url, http_client=http) as streams:
+        yield streams
+
+
+def _client_headers(tool: McpTool | None) -> dict[str, str]:
+    """What a request sends its server alone (design.md 14.2)."""
+    if tool is None:
+        return {}
+    headers = dict(tool.headers or {})
+    if tool.authorization:
+        headers["Authorization"] = f"Bearer {tool.authorization}"
+    return headers
+
+
+def _listed(tool: Any) -> dict[str, Any]:
+    listed: dict[str, Any] = {"name": tool.name, "input_schema": tool.input_schema, "description": tool.description}
+    if tool.annotations is not None:
+        listed["annotations"] = tool.annotations.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return listed
+
+
+def _protocol_error(code: int, message: str) -> dict[str, Any]:
+    return {"type": "mcp_protocol_error", "code": code, "message": message}
+
+
+def _http_error(code: int, message: str) -> dict[str, Any]:
+    return {"type": "http_error", "code": code, "message": message}
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    """The error a failed operation shows, from what the SDK raised: often an exception group of
+    its task group, whose first leaf says what went wrong."""
+    while isinstance(exc, BaseExceptionGroup):
+        exc = exc.exceptions[0]
+    if isinstance(exc, McpFailure):
+        return exc.error
+    if isinstance(exc, MCPError):
+        return _protocol_error(exc.code, exc.error.message)
+    if isinstance(exc, httpx2.HTTPStatusError):
+        status = exc.response.status_code
+        if 300 <= status < 400:
+            return _http_error(status, "The MCP server answered with a redirect, which the proxy does not follow.")
+        return _http_error(status, f"The MCP server answered HTTP {status}.")
+    if isinstance(exc, httpx2.TimeoutException):
+        return _http_error(504, "The MCP server did not answer in time.")
+    if isinstance(exc, httpx2.TransportError | OSError):
+        return _http_error(502, f"The MCP server could not be reached, or broke off: {type(exc).__name__}.")
+    log.warning("an MCP operation failed in an unforeseen way", exc_info=exc)
+    return _protocol_error(-32603, f"The MCP exchange failed: {type(exc).__name__}.")
+
+
+class _Guarded(httpx2.AsyncBaseTransport):
+    """Every HTTP request of an MCP connection: to no internal address unless the operator named
+    it, no redirect followed, no answer past the size limit (design.md 14.1, 14.7)."""
+
+    def __init__(self, internal: bool, max_bytes: int) -> None:
+        self._inner = httpx2.AsyncHTTPTransport()
+        self._internal = internal
+        self._max_bytes = max_bytes
+
+    async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
+        if not self._internal:
+            await _refuse_internal(request.url.host, request.url.port)
+        response = await self._inner.handle_async_request(request)
+        if response.is_redirect:
+            await response.aclose()
+            raise McpFailure(
+                _http_error(response.status_code, "The MCP server answered with a redirect, which is not followed.")
+            )
+        declared = response.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > self._max_bytes:
+            await response.aclose()
+            raise McpFailure(_too_large())
+        response.stream = _Capped(response.stream, self._max_bytes)
+        return response
+
+    async def aclose(self) -> None:
+        await self._inner.aclose()
+
+
+class _Capped(httpx2.AsyncByteStream):
+    def __init__(self, stream: Any, max_bytes: int) -> None:
+        self._stream, self._left = stream, max_bytes
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._stream:
+            self._left -= len(chunk)
+            if self._left < 0:
+                raise McpFailure(_too_large())
+            yield chunk
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
+def _too_large() -> dict[str, Any]:
+    return _http_error(413, "The MCP server's answer is larger than the proxy takes (mcp.max_output_bytes).")
+
+
+async def _refuse_internal(host: str, port: int | None) -> None:
+    """A host that is, or resolves to, a loopback, link-local or metadata address is refused."""
+    try:
+        found = await asyncio.get_running_loop().getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
+    except OSError:
+        return  # the connection fails on its own, with its own words
+    for *_, address in found:
+        ip = ipaddress.ip_address(address[0])
+        if ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip in _METADATA:
+            raise McpFailure(
+                _http_error(403, f"The MCP server's host {host} is an internal address the operator has not named.")
+            )
