@@ -61,6 +61,7 @@ class ToolServer(_Loopback):
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []  # every HTTP request's, names lower-cased
         self.list_requests = 0
+        self.sleeping = self.most_sleeping = 0  # `sleep` calls at once, now and at most
         self.mcp = self._build()
         self._uvicorn: _Uvicorn | None = None
         self._task: asyncio.Task[None] | None = None
@@ -98,7 +99,12 @@ class ToolServer(_Loopback):
 
         @server.tool(description="Sleep, then say so.")
         async def sleep(seconds: float) -> str:
-            await asyncio.sleep(seconds)
+            self.sleeping += 1
+            self.most_sleeping = max(self.most_sleeping, self.sleeping)
+            try:
+                await asyncio.sleep(seconds)
+            finally:
+                self.sleeping -= 1
             return "slept"
 
         return server

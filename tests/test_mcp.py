@@ -4,6 +4,7 @@ through the real proxy and the openai SDK; the operator's policy, approvals and 
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -12,11 +13,13 @@ import openai
 import orjson
 import pytest
 
-from tests.client import LOGPROBS, create, stream
+from tests.client import LOGPROBS, create, eventually, parse_sse, post_json, stream
 from tests.events import check_stream, sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 from tests.harness import config
 from tests.mcp_servers import ToolServer
+from tests.test_background import replay, until_done
+from tests.test_websocket import one_turn
 
 
 def calling(name: str, arguments: str, *more: tuple[str, str]) -> Generation:
@@ -403,3 +406,119 @@ async def test_a_built_in_tool_the_operator_does_not_map_is_dropped_as_before(
     status, body = await create(http, mcp_proxy, {"model": "m", "input": "search", "tools": [{"type": "web_search"}], "tool_choice": {"type": "web_search"}})
     assert status == 200 and body["output"][0]["type"] == "message" and body["tools"] == [] and body["tool_choice"] == "auto"
     assert "tools" not in upstream.requests[0] and tool_server.headers == []
+
+
+# -- every transport (design.md 14.6) ------------------------------------------------------------
+
+
+async def test_a_background_response_runs_its_calls_and_resumes_from_any_event(
+    upstream: FakeUpstream, tool_server: ToolServer, mcp_proxy: str, http: aiohttp.ClientSession
+) -> None:
+    upstream.script(Reply(calling("calc__add", '{"a": 20, "b": 22}')), Reply(answering("42")))
+    status, started = await create(http, mcp_proxy, {"model": "m", "input": "add", "tools": [server(tool_server)], "background": True, "include": LOGPROBS})
+    assert status == 200 and started["status"] in ("queued", "in_progress")
+    done = await until_done(http, mcp_proxy, started["id"])
+    assert done["status"] == "completed" and [item["type"] for item in done["output"]] == ["mcp_list_tools", "mcp_call", "message"]
+    assert done["output"][1]["output"] == "42"
+    events = parse_sse(await replay(http, mcp_proxy, started["id"]))
+    checked = check_stream(events)
+    assert checked.response == done
+    cut = next(event["sequence_number"] for event in events if event["type"] == "response.mcp_call.in_progress")
+    assert parse_sse(await replay(http, mcp_proxy, started["id"], cut)) == events[cut + 1 :]
+
+
+async def test_a_background_response_cancelled_during_a_call_ends_cancelled(
+    upstream: FakeUpstream, tool_server: ToolServer, mcp_proxy: str, http: aiohttp.ClientSession
+) -> None:
+    upstream.script(Reply(calling("calc__sleep", '{"seconds": 20}')), Reply(answering("never")))
+    _, started = await create(http, mcp_proxy, {"model": "m", "input": "wait", "tools": [server(tool_server)], "background": True})
+    await eventually(lambda: tool_server.sleeping == 1)
+    async with http.post(f"{mcp_proxy}/v1/responses/{started['id']}/cancel") as response:
+        assert response.status == 200, await response.text()
+        cancelled = await response.json()
+    assert cancelled["status"] == "cancelled"
+    call = cancelled["output"][1]
+    assert call["type"] == "mcp_call" and call["status"] == "incomplete" and call["output"] is None
+    await eventually(lambda: tool_server.sleeping == 0)  # the call was let go
+    assert len(upstream.requests) == 1  # no round after it
+    events = parse_sse(await replay(http, mcp_proxy, started["id"]))
+    assert [event["sequence_number"] for event in events] == list(range(len(events)))
+    assert events[-1]["type"] == "response.failed" and events[-1]["response"] == cancelled  # as any cancel ends (10.3)
+    assert [event["type"] for event in events if event["type"].startswith("response.mcp_call.")][-1] == "response.mcp_call.failed"
+
+
+async def test_a_websocket_turn_runs_its_calls(upstream: FakeUpstream, tool_server: ToolServer, mcp_proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(Reply(calling("calc__echo", '{"text": "ws"}')), Reply(answering("Echoed over the socket.")))
+    async with http.ws_connect(f"{mcp_proxy}/v1/responses") as socket:
+        events = await one_turn(socket, {"type": "response.create", "model": "m", "input": "echo", "tools": [server(tool_server)]})
+    checked = check_stream(events)
+    assert [item.type for item in checked.items] == ["mcp_list_tools", "mcp_call", "message"]
+    assert checked.of_type("mcp_call")[0]["output"] == "ws"
+
+
+async def test_a_conversation_keeps_the_listing_and_the_calls(
+    upstream: FakeUpstream, tool_server: ToolServer, mcp_proxy: str, http: aiohttp.ClientSession
+) -> None:
+    status, conversation = await post_json(http, f"{mcp_proxy}/v1/conversations", {})
+    assert status == 200, conversation
+    upstream.script(Reply(calling("calc__echo", '{"text": "one"}')), Reply(answering("1")), Reply(answering("2")))
+    body = {"model": "m", "tools": [server(tool_server)], "conversation": conversation["id"]}
+    status, first = await create(http, mcp_proxy, {**body, "input": "first"})
+    assert status == 200, first
+    status, second = await create(http, mcp_proxy, {**body, "input": "second"})
+    assert [item["type"] for item in second["output"]] == ["message"] and tool_server.list_requests == 2  # its own, the call's check
+    async with http.get(f"{mcp_proxy}/v1/conversations/{conversation['id']}/items?order=asc") as response:
+        items = (await response.json())["data"]
+    assert [item["type"] for item in items] == ["message", "mcp_list_tools", "mcp_call", "message", "message", "message"]
+    replayed = upstream.requests[-1]["messages"]
+    assert {"role": "tool", "tool_call_id": first["output"][1]["id"], "content": "one"} in replayed
+
+
+async def test_the_older_sse_transport_serves_a_server_at_an_sse_path(
+    upstream: FakeUpstream, tool_server: ToolServer, start_proxy
+) -> None:
+    url = await start_proxy(config(upstream.url, mcp={"allowed_servers": [tool_server.sse_url]}))
+    sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=20)
+    upstream.script(Reply(calling("calc__add", '{"a": 1, "b": 2}')), Reply(answering("3")))
+    response = await sdk.responses.create(model="m", input="add", tools=[server(tool_server, server_url=tool_server.sse_url)])
+    await sdk.close()
+    assert response.output[1].output == "3" and tool_server.calls == [("add", {"a": 1, "b": 2})]
+
+
+@pytest.mark.parametrize("parallel", [True, False])
+async def test_a_rounds_calls_run_at_once_unless_parallel_calls_are_off(
+    parallel: bool, upstream: FakeUpstream, tool_server: ToolServer, sdk: openai.AsyncOpenAI
+) -> None:
+    wait = '{"seconds": 0.3}'
+    upstream.script(Reply(calling("calc__sleep", wait, ("calc__sleep", wait))), Reply(answering("both")))
+    response = await sdk.responses.create(model="m", input="wait twice", tools=[server(tool_server)], parallel_tool_calls=parallel)
+    assert [item.output for item in response.output if item.type == "mcp_call"] == ["slept", "slept"]
+    assert tool_server.most_sleeping == (2 if parallel else 1)
+
+
+async def test_one_keys_calls_wait_for_their_turn(upstream: FakeUpstream, tool_server: ToolServer, start_proxy) -> None:
+    mcp = {"allowed_servers": [tool_server.url], "max_calls_per_key": 1}
+    url = await start_proxy(config(upstream.url, mcp=mcp, auth={"api_keys": ["one", "two"]}))
+    wait = '{"seconds": 0.3}'
+    upstream.choose = lambda body: Reply(answering("done") if body["messages"][-1]["role"] == "tool" else calling("calc__sleep", wait))
+
+    async def turn(key: str) -> None:
+        async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key=key, max_retries=0, timeout=20) as sdk:
+            response = await sdk.responses.create(model="m", input="wait", tools=[server(tool_server)])
+            assert response.output[1].output == "slept"
+
+    await asyncio.gather(turn("one"), turn("one"))
+    assert tool_server.most_sleeping == 1  # one key: one call at a time
+    await asyncio.gather(turn("one"), turn("two"))
+    assert tool_server.most_sleeping == 2  # two keys: at once
+
+
+async def test_output_tokens_spent_by_a_tool_round_end_the_response_incomplete(
+    upstream: FakeUpstream, tool_server: ToolServer, sdk: openai.AsyncOpenAI
+) -> None:
+    first = calling("calc__echo", '{"text": "x"}')
+    upstream.script(Reply(first))
+    spent = first.usage()["completion_tokens"]
+    response = await sdk.responses.create(model="m", input="echo", tools=[server(tool_server)], max_output_tokens=spent)
+    assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
+    assert response.output[1].output == "x" and len(upstream.requests) == 1  # the call ran; no round was left

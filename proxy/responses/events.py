@@ -3,6 +3,7 @@ one upstream read makes (design.md 4.1, 4.2, 7.3), for the translator that decid
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import orjson
@@ -66,6 +67,25 @@ class Events:
         for event, fields in progress(item):
             self.emit(event, item_id=item["id"], output_index=index, **fields)
         self.emit("response.output_item.done", output_index=index, item=item)
+
+    def close_reasoning(self, item: OpenItem, text: str, summary: bool, seal: Callable[[str], str] | None) -> None:
+        """A reasoning item's text done; its summary too, where the call asks for one (8.5), and
+        sealed, where it asks for that (8.6)."""
+        part = {"type": "reasoning_text", "text": text}
+        self.emit("response.reasoning_text.done", **item.at, content_index=0, text=text)
+        self.part("response.content_part.done", item, part)
+        item.item["content"] = [part]
+        if summary:
+            # The model has no summariser: its reasoning is its summary (design.md 8.5).
+            self.emit("response.reasoning_summary_text.done", **item.at, summary_index=0, text=text)
+            item.item["summary"] = [self.summary_part("response.reasoning_summary_part.done", item, text)]
+        if seal is not None:
+            item.item["encrypted_content"] = seal(text)
+
+    def summary_part(self, event: str, item: OpenItem, text: str) -> dict[str, Any]:
+        part = {"type": "summary_text", "text": text}
+        self.emit(event, **item.at, summary_index=0, part=part)
+        return part
 
     def part(self, event: str, item: OpenItem, part: dict[str, Any]) -> None:
         self.emit(event, **item.at, content_index=0, part=part)

@@ -90,6 +90,11 @@ class ResponseTranslator:
         return self.response is not None or self.round_over
 
     @property
+    def answered(self) -> bool:
+        """Whether the Response waits between rounds with its answer whole (a compaction due)."""
+        return self.round_over and not self._runs_tools()
+
+    @property
     def streaming(self) -> bool:
         """Whether it makes events: a whole answer's Response alone is not streamed."""
         return self._streaming
@@ -167,23 +172,24 @@ class ResponseTranslator:
 
     def fail(self, error: ProxyError) -> bytes:
         """The upstream broke off. A generation that already finished still completes: only
-        the usage chunk or `[DONE]` was lost (one between rounds with the rounds done)."""
-        if self.round_over:
+        the usage chunk or `[DONE]` was lost; between rounds, a whole answer completes (its
+        compaction left out, 8.10), and one that never came fails (14.4)."""
+        if self.answered:
             return self.end()
-        if self.done:
-            return b""
-        if self._finish_reason is None:
+        if self.round_over or self._finish_reason is None:
+            self.round_over = False
             self._fail(error)
-        else:
+        elif not self.done:
             self._end()  # a frame cut short by the break is left unread: usage or [DONE]
         return self._flush()
 
     def cancel(self) -> bytes:
         """The client cancelled a background response (design.md 10.3): what was open closes
-        `incomplete`, and the response ends `cancelled`, with no error; one between rounds, its
-        rounds whole, completes with them (its compaction, 8.10, left out)."""
-        if self.round_over:
+        `incomplete`, and the response ends `cancelled`, with no error; between rounds, a whole
+        answer completes (its compaction, 8.10, left out)."""
+        if self.answered:
             return self.end()
+        self.round_over = False
         if not self.done:
             self._close_all(None, "incomplete")
             self._terminate("cancelled")
@@ -269,7 +275,7 @@ class ResponseTranslator:
             )
             self._events.part("response.content_part.added", item, {"type": "reasoning_text", "text": ""})
             if self._call.summary:
-                self._summary_part("response.reasoning_summary_part.added", item, "")
+                self._events.summary_part("response.reasoning_summary_part.added", item, "")
         item.parts.append(text)
         self._generating = item
         delta = orjson.dumps(text)
@@ -364,7 +370,7 @@ class ResponseTranslator:
         text = "".join(item.parts)
         kind = item.item["type"]
         if kind == "reasoning":
-            self._close_reasoning(item, text)
+            self._events.close_reasoning(item, text, self._call.summary, self._call.seal)
         elif kind == "message":  # a refusal
             part = {"type": "refusal", "refusal": text}
             self._events.emit("response.refusal.done", **item.at, content_index=0, refusal=text)
@@ -392,18 +398,6 @@ class ResponseTranslator:
             self._events.emit("response.function_call_arguments.done", **item.at, arguments=text)
             item.item["arguments"] = text
         self._close(item, status)
-
-    def _close_reasoning(self, item: OpenItem, text: str) -> None:
-        part = {"type": "reasoning_text", "text": text}
-        self._events.emit("response.reasoning_text.done", **item.at, content_index=0, text=text)
-        self._events.part("response.content_part.done", item, part)
-        item.item["content"] = [part]
-        if self._call.summary:
-            # The model has no summariser: its reasoning is its summary (design.md 8.5).
-            self._events.emit("response.reasoning_summary_text.done", **item.at, summary_index=0, text=text)
-            item.item["summary"] = [self._summary_part("response.reasoning_summary_part.done", item, text)]
-        if self._call.seal is not None:
-            item.item["encrypted_content"] = self._call.seal(text)
 
     def _close_message(self, status: str) -> None:
         message = self._message
@@ -590,11 +584,6 @@ class ResponseTranslator:
         if message is not None and item is message.item and item["status"] == "in_progress":
             return {**item, "content": [text_part("".join(message.parts), self._scores.whole())]}
         return open_form(item, "".join(current.parts)) if current is not None and item is current.item else item
-
-    def _summary_part(self, event: str, item: OpenItem, text: str) -> dict[str, Any]:
-        part = {"type": "summary_text", "text": text}
-        self._events.emit(event, **item.at, summary_index=0, part=part)
-        return part
 
     def _flush(self) -> bytes:
         return self._events.take(ended=self.response is not None)

@@ -59,8 +59,9 @@ async def go_on(turn: Turn, translator: ResponseTranslator, sink: Sink) -> None:
                 continue
             ending = await _compaction(turn, translator)
         except asyncio.CancelledError:
-            with contextlib.suppress(Exception):  # the client may be gone: the sink keeps it first
-                await sink.write(translator.end())
+            if translator.answered:  # kept without its compaction (8.10); an unanswered one is not (14.6)
+                with contextlib.suppress(Exception):  # the client may be gone: the sink keeps it first
+                    await sink.write(translator.end())
             raise
         await sink.write(translator.end(*ending))
 

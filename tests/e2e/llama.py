@@ -18,6 +18,9 @@ string (`</tool_call>`, `<|im_end|>`) or `max_tokens`.
 
     async with running("tools") as url:  # url: http://127.0.0.1:PORT, /v1/chat/completions
         ...
+
+    async with behind_the_proxy(start_proxy, "tools", IM_END) as (proxy, server):  # the proxy in front
+        ...
 """
 
 from __future__ import annotations
@@ -36,11 +39,13 @@ import tarfile
 import tempfile
 import time
 import zipfile
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import aiohttp
+
+from proxy.config import Config, parse
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -53,6 +58,11 @@ MODEL_ALIAS = "gemma-3-270m"  # the `model` the server answers with; without it,
 MODEL_SHA256 = "a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818"
 TEMPLATES = {"tools": "Qwen-Qwen2.5-7B-Instruct.jinja", "reasoning": "Qwen3.5-4B.jinja"}
 TemplateKind = Literal["tools", "reasoning"]
+IM_END = "<|im_end|>"
+TOOL_END = "</tool_call>"
+# A prompt llama-server has seen is taken from its cache, and the logits computed after it
+# differ in the last digits: every call, direct or proxied, computes the whole prompt.
+SAME_EVERY_TIME = {"cache_prompt": False}
 
 CMAKE_FLAGS = [
     "-DCMAKE_BUILD_TYPE=Release",
@@ -270,6 +280,24 @@ async def _wait_healthy(url: str, proc: asyncio.subprocess.Process, timeout: flo
     tail = log.read_text(errors="replace")[-3000:]
     state = f"exited with {proc.returncode}" if proc.returncode is not None else f"not healthy after {timeout} s"
     raise RuntimeError(f"e2e llama: llama-server {state}; log {log}:\n{tail}")
+
+
+@contextlib.asynccontextmanager
+async def behind_the_proxy(
+    start_proxy: Callable[[Config], Awaitable[str]],
+    kind: TemplateKind,
+    stop: str,
+    mcp: dict[str, Any] | None = None,
+    **upstream: Any,
+) -> AsyncIterator[tuple[str, str]]:
+    """llama-server, and the proxy in front of it sending `stop` with every call, configured as
+    the README says for llama-server, with `mcp` as its `mcp:` section; (proxy, server).
+    `start_proxy` is tests/conftest.py's fixture."""
+    ctx = upstream.pop("ctx", 2048)
+    async with running(kind, ctx_size=ctx) as server:
+        config = {"name": "llama", "urls": [server], "min_top_logprobs": 1, "defaults": {"stop": [stop], **SAME_EVERY_TIME}, **upstream}
+        top = {"mcp": mcp} if mcp is not None else {}
+        yield await start_proxy(parse({"upstreams": [config], **top})), server
 
 
 def main(argv: Sequence[str]) -> int:

@@ -8,8 +8,6 @@ say, and a stop string ends it (tests/e2e/llama.py)."""
 
 from __future__ import annotations
 
-import contextlib
-from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import aiohttp
@@ -26,30 +24,14 @@ from agents import (
     set_tracing_disabled,
 )
 
-from proxy.config import parse
 from tests.client import CONTEXT_LENGTH_EXCEEDED, envelope, parse_sse
-from tests.e2e.llama import TemplateKind, running
+from tests.e2e.llama import IM_END, SAME_EVERY_TIME, TOOL_END, behind_the_proxy
 from tests.events import Stream, as_response_logprob, check_stream
 from tests.test_websocket import one_turn
 
-IM_END = "<|im_end|>"
-TOOL_END = "</tool_call>"
 WEATHER = {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
 THINKING = "<think>\n2+2 is 4.\n</think>\n\nThe answer is 4."
-# A prompt llama-server has seen is taken from its cache, and the logits computed after it
-# differ in the last digits: every call, direct or proxied, computes the whole prompt.
-SAME_EVERY_TIME = {"cache_prompt": False}
-
-
-@contextlib.asynccontextmanager
-async def behind_the_proxy(start_proxy: Callable[..., Any], kind: TemplateKind, stop: str, **upstream: Any) -> AsyncIterator[tuple[str, str]]:
-    """llama-server, and the proxy in front of it sending `stop` with every call, configured as
-    the README says for llama-server; (proxy, server)."""
-    ctx = upstream.pop("ctx", 2048)
-    async with running(kind, ctx_size=ctx) as server:
-        config = {"name": "llama", "urls": [server], "min_top_logprobs": 1, "defaults": {"stop": [stop], **SAME_EVERY_TIME}, **upstream}
-        yield await start_proxy(parse({"upstreams": [config]})), server
 
 
 class Direct:
