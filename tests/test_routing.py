@@ -24,6 +24,7 @@ from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "configs" / "proxy.example.yaml"
+ONE = "upstreams:\n  - name: a\n    urls: [http://a]\n"
 HI = Generation(steps=[Step("text", "Hi"), Step("finish", finish_reason="stop")], completion_tokens=1)
 MESSAGES = [{"role": "user", "content": "hi"}]
 
@@ -138,8 +139,12 @@ def test_check_config_prints_the_routes(tmp_path: Path) -> None:
         ("upstreams:\n  - name: a\n    urls: [http://a]\n    timeouts: {idle: -1}\n", "upstreams[0].timeouts.idle"),
         ("upstreams: [\n", "broken.yaml"),  # not YAML at all
         (b"upstreams:\n  - name: \xff\n", "broken.yaml"),  # not UTF-8
+        (f"{ONE}mcp:\n  servers: [{{server_label: a, url: 'http://a/mcp'}}, {{server_label: a, url: 'http://b/mcp'}}]\n", "mcp.servers[1].server_label: duplicate"),
+        (f"{ONE}mcp:\n  servers: [{{server_label: a, url: nowhere}}]\n", "mcp.servers[0].url: not a URL"),
+        (f"{ONE}mcp:\n  web_search: {{server: gone, tool: search}}\n", "mcp.web_search.server: no server labelled 'gone'"),
+        (f"{ONE}mcp:\n  timeout: 0\n", "mcp.timeout"),
     ],
-    ids=["url", "timeout", "yaml", "encoding"],
+    ids=["url", "timeout", "yaml", "encoding", "mcp-label", "mcp-url", "mcp-hosted", "mcp-timeout"],
 )
 def test_check_config_refuses_a_broken_file(tmp_path: Path, text: str | bytes, where: str) -> None:
     path = tmp_path / "broken.yaml"

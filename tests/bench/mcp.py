@@ -96,9 +96,9 @@ async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> d
 async def start_tools() -> ToolServer:
     tools = ToolServer()
     await tools.start()
-    # ToolServer binds a socket of protocol 0, for which asyncio leaves Nagle on: each answer's
-    # body then waits ~40 ms for the client's delayed ACK of its headers, on both sides alike,
-    # and swamps what is measured. Accepted sockets inherit TCP_NODELAY from the listening one.
+    # ToolServer binds a socket of protocol 0, for which asyncio (not uvloop) leaves Nagle on:
+    # each answer's body then waits ~40 ms for the client's delayed ACK of its headers, on both
+    # sides alike, swamping what is measured. Accepted sockets inherit TCP_NODELAY from it.
     assert tools._uvicorn is not None
     for server in tools._uvicorn.servers:
         for sock in server.sockets:
