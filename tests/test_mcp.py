@@ -474,9 +474,10 @@ async def test_a_conversation_keeps_the_listing_and_the_calls(
     assert {"role": "tool", "tool_call_id": first["output"][1]["id"], "content": "one"} in replayed
 
 
-async def test_the_older_sse_transport_serves_a_server_at_an_sse_path(
+async def test_a_server_of_the_older_sse_transport_is_reached_once_it_refuses_streamable_http(
     upstream: FakeUpstream, tool_server: ToolServer, start_proxy
 ) -> None:
+    """Its SSE endpoint answers a POST with 405: the proxy goes on over SSE at the same URL."""
     url = await start_proxy(config(upstream.url, mcp={"allowed_servers": [tool_server.sse_url]}))
     sdk = openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=20)
     upstream.script(Reply(calling("calc__add", '{"a": 1, "b": 2}')), Reply(answering("3")))

@@ -12,7 +12,6 @@ from mcp import MCPError
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 
-from tests import mcp_servers
 from tests.mcp_servers import HANDSHAKE_VERSION, HUGE_BYTES, TOOL_NAMES, HostileServer, ToolServer, search_text
 
 # Until conftest imports them.

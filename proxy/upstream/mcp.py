@@ -11,10 +11,10 @@ import fnmatch
 import ipaddress
 import logging
 import socket
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import httpx2
@@ -30,6 +30,7 @@ from ..limits import PerKey
 from ..responses.mcp import BUILTIN_KINDS, Builtin, McpTool
 
 log = logging.getLogger("proxy")
+T = TypeVar("T")
 
 # Addresses a server named by a client may have only where the operator named its host outright:
 # the proxy's own host, and the cloud metadata services (design.md 14.1).
@@ -109,15 +110,18 @@ class McpServers:
     async def list_tools(self, endpoint: Endpoint, owner: str) -> list[dict[str, Any]]:
         """The server's tools, as an `mcp_list_tools` item lists them; a server that cannot list
         them is OpenAI's 424 (design.md 14.3)."""
+
+        async def every_page(client: Client) -> list[Any]:
+            tools, cursor = [], None
+            while True:
+                page = await client.list_tools(cursor=cursor)
+                tools += page.tools
+                cursor = page.next_cursor
+                if cursor is None:
+                    return tools
+
         try:
-            async with self._session(endpoint, owner) as client:
-                tools, cursor = [], None
-                while True:
-                    page = await client.list_tools(cursor=cursor)
-                    tools += page.tools
-                    cursor = page.next_cursor
-                    if cursor is None:
-                        break
+            tools = await self._run(endpoint, owner, every_page)
         except McpFailure as failure:
             raise McpUnavailable(
                 f"Error retrieving tool list from MCP server: '{endpoint.label}'. {failure}", param="tools"
@@ -132,8 +136,7 @@ class McpServers:
             raise McpFailure(_protocol_error(-32602, f"The arguments are not JSON: {exc}")) from None
         if not isinstance(parsed, dict):
             raise McpFailure(_protocol_error(-32602, "The arguments are not a JSON object."))
-        async with self._session(endpoint, owner) as client:
-            result = await client.call_tool(name, parsed)
+        result = await self._run(endpoint, owner, lambda client: client.call_tool(name, parsed))
         if result.is_error:
             content = [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
             raise McpFailure({"type": "mcp_tool_execution_error", "content": content})
@@ -144,15 +147,21 @@ class McpServers:
             output = orjson.dumps(result.structured_content).decode()
         return output
 
-    @contextlib.asynccontextmanager
-    async def _session(self, endpoint: Endpoint, owner: str) -> AsyncIterator[Client]:
-        """A connection to the server for one operation, within the key's share of calls and
-        the operation's time; every way it can fail an `McpFailure`."""
+    async def _run(self, endpoint: Endpoint, owner: str, operation: Callable[[Client], Awaitable[T]]) -> T:
+        """One operation on a connection of its own, within the key's share of calls and the
+        operation's time: over streamable HTTP, or the older SSE transport where the server
+        refuses streamable HTTP's first POST (design.md 14.1); every way it can fail an
+        `McpFailure`."""
         config = self.config
         async with self._per_key.slot(owner):  # design.md 14.7
             try:
-                async with asyncio.timeout(config.timeout), Client(_transport(endpoint, config), cache=None) as client:
-                    yield client
+                async with asyncio.timeout(config.timeout):
+                    try:
+                        return await _connected(endpoint, config, operation, sse=False)
+                    except Exception as exc:
+                        if not isinstance(_leaf(exc), _NotStreamable):
+                            raise
+                    return await _connected(endpoint, config, operation, sse=True)
             except McpFailure:
                 raise
             except TimeoutError:
@@ -163,16 +172,14 @@ class McpServers:
                 raise McpFailure(_failure(exc)) from None
 
 
-def _transport(endpoint: Endpoint, config: Mcp) -> Any:
-    """Streamable HTTP, or the older SSE transport for a server at a `/sse` path (14.1)."""
-
+async def _connected(endpoint: Endpoint, config: Mcp, operation: Callable[[Client], Awaitable[T]], sse: bool) -> T:
     def http(headers: Any = None, timeout: Any = None, auth: Any = None) -> httpx2.AsyncClient:
-        guarded = _Guarded(endpoint.internal, config.max_output_bytes)
+        guarded = _Guarded(endpoint.internal, config.max_output_bytes, streamable=not sse)
         return httpx2.AsyncClient(headers=dict(endpoint.headers), timeout=config.timeout, transport=guarded)
 
-    if urlsplit(endpoint.url).path.rstrip("/").endswith("/sse"):
-        return sse_client(endpoint.url, httpx_client_factory=http)
-    return _streamable(endpoint.url, http())
+    transport = sse_client(endpoint.url, httpx_client_factory=http) if sse else _streamable(endpoint.url, http())
+    async with Client(transport, cache=None) as client:
+        return await operation(client)
 
 
 @contextlib.asynccontextmanager
@@ -206,11 +213,16 @@ def _http_error(code: int, message: str) -> dict[str, Any]:
     return {"type": "http_error", "code": code, "message": message}
 
 
-def _failure(exc: BaseException) -> dict[str, Any]:
-    """The error a failed operation shows, from what the SDK raised: often an exception group of
-    its task group, whose first leaf says what went wrong."""
+def _leaf(exc: BaseException) -> BaseException:
+    """What went wrong, where the SDK raised it as an exception group of its task groups."""
     while isinstance(exc, BaseExceptionGroup):
         exc = exc.exceptions[0]
+    return exc
+
+
+def _failure(exc: BaseException) -> dict[str, Any]:
+    """The error a failed operation shows, from what the SDK raised."""
+    exc = _leaf(exc)
     if isinstance(exc, McpFailure):
         return exc.error
     if isinstance(exc, MCPError):
@@ -228,19 +240,27 @@ def _failure(exc: BaseException) -> dict[str, Any]:
     return _protocol_error(-32603, f"The MCP exchange failed: {type(exc).__name__}.")
 
 
+# Made once: loading the CA bundle for each connection's context costs ~25 ms of the event loop.
+_TLS = httpx2.create_ssl_context()
+
+
 class _Guarded(httpx2.AsyncBaseTransport):
     """Every HTTP request of an MCP connection: to no internal address unless the operator named
     it, no redirect followed, no answer past the size limit (design.md 14.1, 14.7)."""
 
-    def __init__(self, internal: bool, max_bytes: int) -> None:
-        self._inner = httpx2.AsyncHTTPTransport()
+    def __init__(self, internal: bool, max_bytes: int, streamable: bool) -> None:
+        self._inner = httpx2.AsyncHTTPTransport(verify=_TLS)
         self._internal = internal
         self._max_bytes = max_bytes
+        self._streamable = streamable
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
         if not self._internal:
             await _refuse_internal(request.url.host, request.url.port)
         response = await self._inner.handle_async_request(request)
+        if self._streamable and request.method == "POST" and response.status_code in (404, 405):
+            await response.aclose()
+            raise _NotStreamable
         if response.is_redirect:
             await response.aclose()
             raise McpFailure(
@@ -255,6 +275,10 @@ class _Guarded(httpx2.AsyncBaseTransport):
 
     async def aclose(self) -> None:
         await self._inner.aclose()
+
+
+class _NotStreamable(Exception):
+    """A server that refuses streamable HTTP's POST: one of the older SSE transport."""
 
 
 class _Capped(httpx2.AsyncByteStream):

@@ -1,12 +1,12 @@
-"""`python -m tests.bench.mcp [--rounds 12] [--calls 20] [--markdown]`: the proxy's own time per
+"""`python -m tests.bench.mcp [--rounds 20] [--calls 15] [--markdown]`: the proxy's own time per
 MCP tool round (design.md 14.4).
 
 One process, one event loop (uvloop where installed, as `responses-proxy` runs): the proxy
 (`Running`, as the tests start it, its store a SQLite file of its own), the fake upstream of the
 tests (`FakeUpstream`, no delay), the SDK's MCP server (`ToolServer`) and the client. Calls run
 one at a time, so a call's wall time is the work of everything it touches, and the difference
-between two ways of doing the same work is what one of them adds. In interleaved rounds (their
-order turning each round), `--calls` calls of each per round:
+between two ways of doing the same work is what one of them adds. `--rounds` rounds of `--calls`
+calls of each, one of each after another, their order turning each time:
 
 (a) a whole (non-streaming) Response whose model calls the MCP tool `echo`
     (`require_approval: "never"`) and then answers: the second turn of a chain whose first turn
@@ -18,8 +18,9 @@ order turning each round), `--calls` calls of each per round:
 (c) a Response with no tools (one model round) through the proxy, and its one chat call direct.
 
 (a) - (b) is what the proxy adds to a Response with one tool round; (c)'s difference, what it
-adds to one without MCP, for reference. Every request asks for logprobs (top 2). Not part of
-`make bench`.
+adds to one without MCP, for reference. Every request asks for logprobs (top 2). Most of (b) is
+the MCP connection, the same on both sides: its HTTP client builds a TLS context (the CA bundle
+loaded, even for http://) each time. Not part of `make bench`.
 """
 
 from __future__ import annotations
@@ -27,7 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import shlex
-import socket
 import statistics
 import sys
 import time
@@ -35,7 +35,9 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 import aiohttp
+import httpx2
 from mcp import Client
+from mcp.client.streamable_http import streamable_http_client
 
 from tests.client import LOGPROBS
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
@@ -43,6 +45,8 @@ from tests.harness import Running, config
 from tests.mcp_servers import ToolServer
 
 from .report import markdown_grid, text_grid
+
+TLS = httpx2.create_ssl_context()
 
 ARGUMENTS = '{"text": "hello"}'
 CALL = Generation(
@@ -96,13 +100,6 @@ async def post(http: aiohttp.ClientSession, url: str, body: dict[str, Any]) -> d
 async def start_tools() -> ToolServer:
     tools = ToolServer()
     await tools.start()
-    # ToolServer binds a socket of protocol 0, for which asyncio (not uvloop) leaves Nagle on:
-    # each answer's body then waits ~40 ms for the client's delayed ACK of its headers, on both
-    # sides alike, swamping what is measured. Accepted sockets inherit TCP_NODELAY from it.
-    assert tools._uvicorn is not None
-    for server in tools._uvicorn.servers:
-        for sock in server.sockets:
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return tools
 
 
@@ -125,7 +122,8 @@ async def bench(rounds: int, calls: int) -> tuple[dict[str, list[float]], list[d
             upstream.requests.clear()
             answer = await post(http, responses, turn)
             assert [item["type"] for item in answer["output"]] == ["mcp_call", "message"], answer["output"]
-            assert answer["output"][0]["output"] == "hello" and tools.list_requests == 2  # the SDK's own, 14.4
+            # Listed by the first turn, and by the SDK on the call's connection (14.4), as (b)'s is.
+            assert answer["output"][0]["output"] == "hello" and tools.list_requests == 2
             await post(http, responses, plain)
             call_body, answer_body, plain_body = upstream.requests  # what the proxy sent, to send direct
             mcp_calls: list[float] = []
@@ -133,7 +131,10 @@ async def bench(rounds: int, calls: int) -> tuple[dict[str, list[float]], list[d
             async def direct_tool_round() -> None:
                 await post(http, chat, call_body)
                 started = time.perf_counter()
-                async with Client(tools.url, cache=None) as client:
+                # As the proxy connects: a TLS context made once, not one per connection.
+                to_tools = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(verify=TLS))
+                transport = streamable_http_client(tools.url, http_client=to_tools)
+                async with to_tools, Client(transport, cache=None) as client:
                     result = await client.call_tool("echo", {"text": "hello"})
                 mcp_calls.append(time.perf_counter() - started)
                 assert not result.is_error
@@ -153,15 +154,18 @@ async def bench(rounds: int, calls: int) -> tuple[dict[str, list[float]], list[d
             per_round: list[dict[str, float]] = []
             order = list(sides)
             for r in range(rounds):
-                medians = {}
-                for name in order[r % len(order) :] + order[: r % len(order)]:
-                    taken = []
-                    for _ in range(calls):
+                taken: dict[str, list[float]] = {name: [] for name in order}
+                # Call by call, the order turning each time: the host's drift (this VM's core
+                # speed, its other work) hits every side alike, even within a round.
+                for i in range(calls):
+                    shift = (r + i) % len(order)
+                    for name in order[shift:] + order[:shift]:
                         started = time.perf_counter()
                         await sides[name]()
-                        taken.append(time.perf_counter() - started)
-                    samples[name] += taken
-                    medians[name] = statistics.median(taken)
+                        taken[name].append(time.perf_counter() - started)
+                medians = {name: statistics.median(values) for name, values in taken.items()}
+                for name, values in taken.items():
+                    samples[name] += values
                 per_round.append(medians)
                 upstream.requests.clear()  # the fakes keep what they were sent
                 tools.calls.clear()
@@ -180,7 +184,10 @@ def row(measure: str, proxy: list[float], direct: list[float], ratios: list[floa
 
     p50, p90 = (pct(proxy, q) for q in (0.5, 0.9))
     d50, d90 = (pct(direct, q) for q in (0.5, 0.9))
-    spread = f"rounds' ratios {min(ratios):.2f}-{max(ratios):.2f}"
+    # A call and the other side's next to it ran within a few milliseconds of each other: their
+    # differences' median is the least moved by the host's drift.
+    paired = statistics.median(p - d for p, d in zip(proxy, direct, strict=True))
+    spread = f"median of paired differences {ms(paired, '+')}; rounds' ratios {min(ratios):.2f}-{max(ratios):.2f}"
     return [
         measure,
         ms(p50),
@@ -196,8 +203,8 @@ def row(measure: str, proxy: list[float], direct: list[float], ratios: list[floa
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.bench.mcp", description=__doc__.splitlines()[1])
-    parser.add_argument("--rounds", type=int, default=12, help="interleaved rounds (default: %(default)s)")
-    parser.add_argument("--calls", type=int, default=20, help="calls of each kind per round (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=20, help="interleaved rounds (default: %(default)s)")
+    parser.add_argument("--calls", type=int, default=15, help="calls of each kind per round (default: %(default)s)")
     parser.add_argument("--markdown", action="store_true", help="also print the table as markdown, for the README")
     args = parser.parse_args(argv)
     try:
