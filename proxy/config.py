@@ -354,6 +354,13 @@ def _upstream(config: Config, name: str) -> Upstream:
     return next(upstream for upstream in config.upstreams if upstream.name == name)
 
 
+def default_model(config: Config) -> str:
+    """The model of a call that names none (a token count, design.md 8.12): the first route's,
+    as it goes upstream (its `rewrite_model`, else its name, a pattern included)."""
+    first = routed(config)[0]
+    return first.rewrite_model or first.model
+
+
 def served_models(config: Config) -> list[str]:
     return [route.model for route in routed(config)]
 

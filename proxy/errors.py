@@ -52,6 +52,9 @@ class ProxyError(Exception):
     # Whether the client should try again, as the `x-should-retry` header the openai SDKs
     # honour says (they retry every 5xx otherwise); None: their own rule.
     retry: bool | None = None
+    # The upstream's own HTTP status, where the error is its answer: its call's `error.type`
+    # (design.md 12.1), which the proxy's status (a 502 for any 5xx) would not tell.
+    upstream_status: int | None = None
 
     def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
         super().__init__(message)

@@ -7,9 +7,10 @@ from __future__ import annotations
 import httpx2 as httpx
 import openai
 import pytest
+from openai.types.responses import ResponseUsage
 
 from proxy.config import parse
-from tests.fake_upstream import FakeUpstream
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 
 TOOLS = [{"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]
 
@@ -58,3 +59,24 @@ async def test_the_501_tells_the_sdks_not_to_retry(upstream: FakeUpstream, start
             await client.responses.input_tokens.count(model="qwen3", input="hi")
     assert refused.value.status_code == 501 and refused.value.response.headers["x-should-retry"] == "false"
     assert len(sent) == 1
+
+
+async def test_a_count_without_a_model_takes_the_first_routes(upstream: FakeUpstream, start_proxy) -> None:
+    """`model` is optional in the SDK's count: the first route's model, as it goes upstream."""
+    routes = [{"model": "qwen-*", "upstream": "u", "rewrite_model": "Qwen/Qwen3-8B"}, {"model": "*", "upstream": "u"}]
+    url = await start_proxy(parse({"upstreams": [{"name": "u", "urls": [upstream.url]}], "routes": routes}))
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0) as client:
+        counted = await client.responses.input_tokens.count(input="how many tokens")
+    assert counted.input_tokens == 3 + 4
+    assert upstream.tokenized[0]["model"] == "Qwen/Qwen3-8B"
+
+
+async def test_every_usage_is_the_newest_sdks_in_strict_mode(upstream: FakeUpstream, proxy: str) -> None:
+    """`input_tokens_details.cache_write_tokens` is required by the newest `ResponseUsage`: a
+    client that decodes strictly fails on a usage without it (0 where the upstream reports none)."""
+    upstream.script(Reply(Generation([Step("text", "hi"), Step("finish", finish_reason="stop")])))
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0) as client:
+        response = await client.responses.with_raw_response.create(model="m", input="hi")
+    usage = response.http_response.json()["usage"]
+    ResponseUsage.model_validate(usage, strict=True)
+    assert usage["input_tokens_details"]["cache_write_tokens"] == 0

@@ -7,12 +7,14 @@ from typing import Any
 
 import orjson
 
+from . import native
 from .events import OpenItem
 from .lifecycle import IdSource
-from .mcp import builtin_item, query_of
-from .tools import ToolRef
+from .mcp import RUN_ITEMS, builtin_item, query_of, whole_call
+from .tools import ToolRef, custom_input
 
 _UNNAMED = ToolRef("")
+_PREFIXES = {"shell": "sh", "local_shell": "lsh", "apply_patch": "apc"}
 NAMELESS_CALL = "the upstream sent a tool call without a name"
 
 
@@ -34,6 +36,8 @@ class ToolCall:
         (design.md 8.4); a call of an MCP server's tool, or its request for approval (14.4,
         14.5)."""
         ref = self.ref
+        if ref.native is not None:  # its action shows once whole (design.md 8.13)
+            return native.opened(ref.native, new_id(_PREFIXES[ref.native]), self.call_id or new_id("call"))
         if ref.builtin is not None:  # its query shows once whole (design.md 14.8)
             return builtin_item(ref.builtin, new_id("ws" if ref.builtin == "web_search" else "fs"), None)
         if ref.server is not None:
@@ -68,6 +72,26 @@ class ToolCall:
         which the tool message of its result answers (design.md 14.4)."""
         id = self.item.item["id"] if self.item is not None and self.ref.server else self.call_id
         return {"id": id, "type": "function", "function": {"name": self.name, "arguments": "".join(self.arguments)}}
+
+
+def whole(item: OpenItem, text: str) -> list[tuple[str, dict[str, Any]]]:
+    """A tool call's item whose arguments are whole (`text`): its fields set from them, and the
+    events that say so, each with all its fields."""
+    kind, at = item.item["type"], item.at
+    if kind == "custom_tool_call":
+        # The input streams as one delta once the call is whole: the model writes it inside a
+        # JSON string, which only then decodes (design.md 8.4).
+        text = item.item["input"] = custom_input(text)
+        delta = [("response.custom_tool_call_input.delta", {**at, "delta": text})] if text else []
+        return [*delta, ("response.custom_tool_call_input.done", {**at, "input": text})]
+    if kind in RUN_ITEMS:
+        return [(event, {**at, **fields}) for event, fields in whole_call(item.item, text)]
+    if kind in native.NATIVE_ITEMS:
+        return native.whole(item.item, text, at)
+    item.item["arguments"] = text
+    if kind == "mcp_approval_request":
+        return []
+    return [("response.function_call_arguments.done", {**at, "arguments": text})]
 
 
 def cut_short(generating: OpenItem | ToolCall | None, limit: int | None, spent: int | None) -> bool:

@@ -100,6 +100,8 @@ class Chunk(msgspec.Struct, gc=False):
     # body `{"object": "error", ...}` sent as a frame. Read by `upstream_error`.
     error: Any = None
     object: str | None = None
+    id: str | None = None  # the upstream's completion id, which its own logs know the call by
+    model: str | None = None
 
 
 decode_chunk = msgspec.json.Decoder(Chunk).decode

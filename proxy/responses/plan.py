@@ -18,6 +18,16 @@ from .logprobs import INCLUDE_LOGPROBS, SPEC_MAX_TOP_LOGPROBS, effective_top_log
 from .mcp import BUILTIN_KINDS, McpApprovalRequest, McpApprovalResponse, McpCall, McpTool, Servers, ToolChoiceMcp
 from .mcp import redacted as redacted_server
 from .mcp import tool_message as mcp_tool_message
+from .native import (
+    NATIVE_CALLS,
+    NATIVE_OUTPUTS,
+    ShellTool,
+    ToolChoiceApplyPatch,
+    ToolChoiceShell,
+    chat_call,
+    chat_output,
+    client_runs,
+)
 from .schema import (
     CHOSEN_BY_NAME,
     INCLUDE_ENCRYPTED_REASONING,
@@ -178,6 +188,8 @@ def _client_tools(
     for index, tool in enumerate(tools):
         if isinstance(tool, HostedTool) and BUILTIN_KINDS.get(tool.kind) not in builtins:
             _drop_hosted("tool", tool.kind, f"tools[{index}].type", settings, ignored)
+        elif isinstance(tool, ShellTool) and client_runs(tool) is None:  # in a hosted container (8.13)
+            _drop_hosted("tool", "shell", f"tools[{index}].environment", settings, ignored)
         else:
             offered.append(tool)
     return offered
@@ -224,6 +236,12 @@ def _offered(
         chosen = choice.mode
     elif isinstance(choice, ToolChoiceFunction | ToolChoiceCustom):
         chosen = {"type": "function", "function": {"name": table.chat_name(choice.name, choice.namespace)}}
+    elif isinstance(choice, ToolChoiceShell | ToolChoiceApplyPatch):
+        kind = "apply_patch" if isinstance(choice, ToolChoiceApplyPatch) else "shell"
+        name = table.native(kind)
+        if name is None:
+            raise InvalidRequest(f"tool_choice names the tool '{kind}', which is not in 'tools'.", param="tool_choice")
+        chosen = {"type": "function", "function": {"name": name}}
     elif isinstance(choice, ToolChoiceMcp):
         names = _server_choice(table, choice.server_label, choice.name)
         if not names:
@@ -363,6 +381,11 @@ class _Conversation:
                 self._add({"role": "user", "content": compaction.HEAD + summary})
         elif isinstance(item, AgentMessage):
             self._agent_message(item)
+        elif isinstance(item, NATIVE_CALLS):
+            self._tool_call(item.call_id, *chat_call(item))
+        elif isinstance(item, NATIVE_OUTPUTS):
+            call_id, said = chat_output(item)
+            self._add({"role": "tool", "tool_call_id": call_id, "content": said}, tool=True)
         elif isinstance(item, McpCall):
             self._tool_call(item.id, table.server_chat_name(item.server_label, item.name), item.arguments)
             self._add({"role": "tool", "tool_call_id": item.id, "content": mcp_tool_message(item.output, item.error)})

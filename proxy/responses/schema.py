@@ -14,6 +14,19 @@ import msgspec
 
 from ..errors import InvalidRequest
 from .mcp import McpApprovalRequest, McpApprovalResponse, McpCall, McpListTools, McpTool, ToolChoiceMcp
+from .native import (
+    ApplyPatchCall,
+    ApplyPatchCallOutput,
+    ApplyPatchTool,
+    LocalShellCall,
+    LocalShellCallOutput,
+    LocalShellTool,
+    ShellCall,
+    ShellCallOutput,
+    ShellTool,
+    ToolChoiceApplyPatch,
+    ToolChoiceShell,
+)
 
 # The `include` values of the Responses spec. The logprobs one turns scores on (design.md 3.1)
 # and `reasoning.encrypted_content` seals reasoning (design.md 8.6); the others name outputs of
@@ -34,8 +47,7 @@ INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
 # (design.md 8.2). A client replays them in its history; they are dropped, not refused.
 NO_CHAT_FORM = frozenset({
     "file_search_call", "web_search_call", "computer_call", "computer_call_output",
-    "image_generation_call", "code_interpreter_call", "local_shell_call", "local_shell_call_output",
-    "shell_call", "shell_call_output", "apply_patch_call", "apply_patch_call_output",
+    "image_generation_call", "code_interpreter_call",
     "tool_search_call", "tool_search_output",
     "program", "program_output", "ghost_snapshot", "multi_agent_call", "multi_agent_call_output",
 })  # fmt: skip
@@ -49,7 +61,7 @@ _COMPACTION_NAMES = ("compaction_summary", "context_compaction")
 # Tools the model calls and the client runs; of the others, the proxy runs `mcp` (design.md
 # 14), and every other type is OpenAI's servers' (or an operator's MCP tool, 14.6).
 CLIENT_TOOLS = frozenset({"function", "custom", "namespace"})
-_READ_TOOLS = CLIENT_TOOLS | {"mcp"}
+_READ_TOOLS = CLIENT_TOOLS | {"mcp", "shell", "local_shell", "apply_patch"}  # the last three: 8.13
 # The tag that stands in for what a request names but the proxy drops (hosted tools, items
 # with no chat form), so that msgspec still reports later entries at their own index.
 _DROPPED = "dropped"
@@ -189,6 +201,12 @@ InputItem = (
     | McpCall
     | McpApprovalRequest
     | McpApprovalResponse
+    | ShellCall
+    | ShellCallOutput
+    | LocalShellCall
+    | LocalShellCallOutput
+    | ApplyPatchCall
+    | ApplyPatchCallOutput
     | ItemReference
 )
 
@@ -217,7 +235,7 @@ class HostedTool(_Tagged, tag=_DROPPED):
     sent: dict[str, Any] = {}  # as the request sent it: repeated where the operator answers it (14.8)
 
 
-Tool = FunctionTool | CustomTool | NamespaceTool | McpTool | HostedTool
+Tool = FunctionTool | CustomTool | NamespaceTool | McpTool | ShellTool | LocalShellTool | ApplyPatchTool | HostedTool
 
 
 class ToolChoiceFunction(_Tagged, tag="function"):
@@ -248,6 +266,8 @@ ToolChoice = (
     | ToolChoiceCustom
     | ToolChoiceAllowed
     | ToolChoiceMcp
+    | ToolChoiceShell
+    | ToolChoiceApplyPatch
     | HostedToolChoice
 )
 CHOSEN_BY_NAME = ("function", "custom")
@@ -404,7 +424,8 @@ def parse_request(data: Any) -> CreateResponse:
         fields["metadata"] = parse_metadata(data["metadata"])
     if "tool_choice" in data:
         fields["tool_choice"] = _stand_in(
-            data["tool_choice"], lambda kind: kind not in (*CHOSEN_BY_NAME, "allowed_tools", "mcp")
+            data["tool_choice"],
+            lambda kind: kind not in (*CHOSEN_BY_NAME, "allowed_tools", "mcp", "shell", "apply_patch"),
         )
     try:
         request = msgspec.convert(fields, CreateResponse)
@@ -547,4 +568,4 @@ def _declared(tool: Tool) -> set[tuple[str | None, str]]:
     """The (namespace, name) pairs a tool declares."""
     if isinstance(tool, NamespaceTool):
         return {(tool.name, member.name) for member in tool.tools}
-    return set() if isinstance(tool, HostedTool | McpTool) else {(None, tool.name)}
+    return {(None, tool.name)} if isinstance(tool, FunctionTool | CustomTool) else set()

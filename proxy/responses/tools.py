@@ -22,6 +22,8 @@ from typing import Any
 import orjson
 
 from .mcp import BUILTIN_FUNCTIONS, BUILTIN_KINDS, Builtin, McpTool, needs_approval
+from .native import FUNCTIONS as NATIVE_FUNCTIONS
+from .native import client_runs
 from .schema import CustomTool, FunctionTool, HostedTool, NamespaceTool, Tool
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_-]")
@@ -40,6 +42,7 @@ class ToolRef:
     server: str | None = None  # the `server_label` of an MCP server's tool, which the proxy runs
     approval: bool = False  # whether its calls wait for the client's approval (design.md 14.5)
     builtin: str | None = None  # the built-in type its calls show as (`web_search`, 14.8)
+    native: str | None = None  # the client's tool of that kind, in its own shape (`shell`, 8.13)
 
 
 def _namespaced_name(namespace: str, name: str, taken: set[str]) -> str:
@@ -69,6 +72,7 @@ class ToolTable:
         members: list[tuple[str | None, FunctionTool | CustomTool, str | None]] = []
         remote: list[tuple[McpTool, dict[str, Any]]] = []
         mapped: dict[str, Builtin] = {}
+        natives: list[str] = []
         for tool in tools:
             if isinstance(tool, NamespaceTool):
                 members += [(tool.name, member, tool.description) for member in tool.tools]
@@ -76,6 +80,8 @@ class ToolTable:
                 members.append((None, tool, None))
             elif isinstance(tool, McpTool):
                 remote += [(tool, listed) for listed in (servers or {}).get(tool.server_label, ())]
+            elif client_runs(tool) is not None:
+                natives.append(client_runs(tool) or "")
             elif isinstance(tool, HostedTool) and BUILTIN_KINDS.get(tool.kind) in (builtins or {}):
                 builtin = (builtins or {})[BUILTIN_KINDS[tool.kind]]
                 mapped[builtin.kind] = builtin
@@ -102,6 +108,11 @@ class ToolTable:
             parameters = listed.get("input_schema") or {"type": "object", "properties": {}}
             function = {"name": chat_name, "description": description, "parameters": parameters}
             self.functions.append({"type": "function", "function": function})
+        for kind in dict.fromkeys(natives):
+            chat_name = kind if kind not in taken else _namespaced_name("client", kind, taken)
+            taken.add(chat_name)
+            self._by_chat_name[chat_name] = ToolRef(kind, native=kind)
+            self.functions.append({"type": "function", "function": {"name": chat_name, **NATIVE_FUNCTIONS[kind]}})
         for kind, builtin in mapped.items():
             chat_name = kind if kind not in taken else _namespaced_name(builtin.server_label, kind, taken)
             taken.add(chat_name)
@@ -121,6 +132,10 @@ class ToolTable:
         """The chat name of an MCP server's tool; for one not offered on this turn, the name
         it had when it was offered alone."""
         return self._server_names.get((server, name)) or _namespaced_name(server, name, set())
+
+    def native(self, kind: str) -> str | None:
+        """The chat name of a tool the client runs in its own shape (design.md 8.13)."""
+        return next((name for name, ref in self._by_chat_name.items() if ref.native == kind), None)
 
     def builtin(self, kind: str) -> str | None:
         """The chat name of a built-in tool type the operator answers (design.md 14.8)."""

@@ -21,7 +21,7 @@ import msgspec
 import orjson
 
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
-from .calls import NAMELESS_CALL, ToolCall, cut_short, status_at
+from .calls import NAMELESS_CALL, ToolCall, cut_short, status_at, whole
 from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error, usage_of
 from .events import Events, OpenItem, open_form, text_part
 from .lifecycle import (
@@ -37,10 +37,9 @@ from .lifecycle import (
     usage_sum,
 )
 from .logprobs import ScoreBuffer
-from .mcp import RUN_ITEMS, finished_call, whole_call
+from .mcp import RUN_ITEMS, finished_call
 from .plan import Call
 from .sse import DEFAULT_MAX_EVENT, SSEDecoder
-from .tools import custom_input
 
 
 class ResponseTranslator:
@@ -83,6 +82,11 @@ class ResponseTranslator:
         self.response: dict[str, Any] | None = None  # set once a terminal event is built
         self.error: ProxyError | None = None
         self.round_over = False  # its upstream call finished, another round due (design.md 2.3)
+        # What the upstream said of its answer, for its span (design.md 12.1): its first round's
+        # completion id and model, and each round's finish reason.
+        self.answer_id: str | None = None
+        self.answer_model: str | None = None
+        self.finish_reasons: list[str] = []
 
     @property
     def done(self) -> bool:
@@ -239,6 +243,8 @@ class ResponseTranslator:
     def _apply(self, chunk: Chunk) -> bool:
         """Whether the chunk's scores, if any, needed no mapping."""
         exact = True
+        if chunk.id is not None and self.answer_id is None:
+            self.answer_id, self.answer_model = chunk.id, chunk.model
         if chunk.usage is not None:
             self._usage = usage_of(chunk)
         for choice in chunk.choices or ():
@@ -251,6 +257,7 @@ class ResponseTranslator:
                 self._delta(delta)
             if choice.finish_reason is not None:
                 self._finish_reason = choice.finish_reason
+                self.finish_reasons.append(choice.finish_reason)
                 if choice.finish_reason == "abort":
                     self._fail(UpstreamError("the upstream aborted the generation"))
         return exact
@@ -376,27 +383,14 @@ class ResponseTranslator:
             self._events.emit("response.refusal.done", **item.at, content_index=0, refusal=text)
             self._events.part("response.content_part.done", item, part)
             item.item["content"] = [part]
-        elif kind == "custom_tool_call":
-            # The input streams as one delta once the call is whole: the model writes it
-            # inside a JSON string, which only then decodes (design.md 8.4).
-            text = custom_input(text)
-            if text:
-                self._events.emit("response.custom_tool_call_input.delta", **item.at, delta=text)
-            self._events.emit("response.custom_tool_call_input.done", **item.at, input=text)
-            item.item["input"] = text
-        elif kind in RUN_ITEMS:
-            events = whole_call(item.item, text)
-            if status == "completed":  # whole: it runs after the round (design.md 14.4)
-                for event, fields in events:
-                    self._events.emit(event, **item.at, **fields)
+        else:
+            events, runs = whole(item, text), kind in RUN_ITEMS
+            for event, fields in events if status == "completed" or not runs else ():
+                self._events.emit(event, **fields)
+            if runs and status == "completed":  # whole: it runs after the round (design.md 14.4)
                 call = next(call for call in self._calls.values() if call.item is item)
                 self._pending.append((item, call.run()))
                 return
-        elif kind == "mcp_approval_request":
-            item.item["arguments"] = text
-        else:
-            self._events.emit("response.function_call_arguments.done", **item.at, arguments=text)
-            item.item["arguments"] = text
         self._close(item, status)
 
     def _close_message(self, status: str) -> None:

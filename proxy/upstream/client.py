@@ -70,7 +70,9 @@ class _Failures:
 
     def status(self, status: int, body: bytes) -> ProxyError:
         self._hook(self._name, f"status_{status}")
-        return upstream_error(body, status)
+        error = upstream_error(body, status)
+        error.upstream_status = status
+        return error
 
     def too_large(self, limit: int) -> UpstreamProtocolError:
         self._hook(self._name, "too_large")

@@ -1,0 +1,192 @@
+"""Tools the client runs in the newest SDKs' own shapes (design.md 8.13): openai-agents'
+`ShellTool` with a local executor (`shell`), `LocalShellTool` (`local_shell`) and
+`ApplyPatchTool` (`apply_patch`). The model is offered each as a chat function whose parameters
+are the SDK's action; its call comes back as the native item (`shell_call`, `local_shell_call`,
+`apply_patch_call`); the client's output item is read back as the tool's result."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import orjson
+
+
+class _Item(msgspec.Struct, tag_field="type"):
+    """Tagged as the request's other items and tools are (schema.py's `_Tagged`)."""
+
+
+class ShellTool(_Item, tag="shell"):
+    environment: dict[str, Any] | None = None  # only a local one is the client's (else: hosted)
+
+
+class LocalShellTool(_Item, tag="local_shell"):
+    pass
+
+
+class ApplyPatchTool(_Item, tag="apply_patch"):
+    pass
+
+
+class ToolChoiceShell(_Item, tag="shell"):
+    pass
+
+
+class ToolChoiceApplyPatch(_Item, tag="apply_patch"):
+    pass
+
+
+class ShellCall(_Item, tag="shell_call"):
+    call_id: str
+    action: dict[str, Any] = {}
+
+
+class ShellCallOutput(_Item, tag="shell_call_output"):
+    call_id: str
+    output: list[dict[str, Any]] | str = []
+
+
+class LocalShellCall(_Item, tag="local_shell_call"):
+    call_id: str
+    action: dict[str, Any] = {}
+
+
+class LocalShellCallOutput(_Item, tag="local_shell_call_output"):
+    output: str = ""
+    call_id: str | None = None  # openai-agents names the call so; the API's type, by `id`
+    id: str | None = None
+
+
+class ApplyPatchCall(_Item, tag="apply_patch_call"):
+    call_id: str
+    operation: dict[str, Any] = {}
+
+
+class ApplyPatchCallOutput(_Item, tag="apply_patch_call_output"):
+    call_id: str
+    status: str = "completed"
+    output: str | None = None
+
+
+NATIVE_CALLS = (ShellCall, LocalShellCall, ApplyPatchCall)
+NATIVE_OUTPUTS = (ShellCallOutput, LocalShellCallOutput, ApplyPatchCallOutput)
+# Each kind's chat function (named as the kind) and the type of its call's item.
+_STRING_LIST = {"type": "array", "items": {"type": "string"}}
+FUNCTIONS: dict[str, dict[str, Any]] = {
+    "shell": {
+        "description": "Run shell commands on the user's machine, one after another.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "commands": _STRING_LIST,
+                "timeout_ms": {"type": "integer"},
+                "max_output_length": {"type": "integer"},
+            },
+            "required": ["commands"],
+        },
+    },
+    "local_shell": {
+        "description": "Run a command (its argv) on the user's machine.",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "command": _STRING_LIST,
+                "working_directory": {"type": "string"},
+                "timeout_ms": {"type": "integer"},
+                "env": {"type": "object", "additionalProperties": {"type": "string"}},
+            },
+            "required": ["command"],
+        },
+    },
+    "apply_patch": {
+        "description": "Create, update or delete a file; `diff` is a V4A diff (for create_file, the file's lines).",
+        "parameters": {
+            "type": "object",
+            "properties": {
+                "type": {"enum": ["create_file", "update_file", "delete_file"]},
+                "path": {"type": "string"},
+                "diff": {"type": "string"},
+            },
+            "required": ["type", "path"],
+        },
+    },
+}
+ITEMS = {"shell": "shell_call", "local_shell": "local_shell_call", "apply_patch": "apply_patch_call"}
+NATIVE_ITEMS = frozenset(ITEMS.values())
+
+
+def client_runs(tool: Any) -> str | None:
+    """The kind of a tool the client runs in its own shape; a `shell` tool in a hosted container
+    is not one (it stays a hosted tool, 8.4)."""
+    if isinstance(tool, ShellTool):
+        return "shell" if (tool.environment or {}).get("type") == "local" else None
+    if isinstance(tool, LocalShellTool):
+        return "local_shell"
+    return "apply_patch" if isinstance(tool, ApplyPatchTool) else None
+
+
+def opened(kind: str, id: str, call_id: str) -> dict[str, Any]:
+    """The item of a call as the model begins it: its action known once the call is whole."""
+    fields = {"id": id, "type": ITEMS[kind], "call_id": call_id, "status": "in_progress"}
+    if kind == "apply_patch":
+        return {**fields, "operation": {}}
+    return {
+        **fields,
+        "action": {"type": "exec", "command": [], "env": {}} if kind == "local_shell" else {"commands": []},
+    }
+
+
+def whole(item: dict[str, Any], arguments: str, at: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """A native call whose arguments are whole: its item's action (or operation) from them, and
+    a shell call's command events (`at`: the item's id and output index)."""
+    try:
+        parsed = orjson.loads(arguments)
+    except orjson.JSONDecodeError:
+        parsed = {}
+    given = parsed if isinstance(parsed, dict) else {}
+    kind = item["type"]
+    if kind == "apply_patch_call":
+        item["operation"] = {key: given[key] for key in ("type", "path", "diff") if key in given}
+        return []
+    if kind == "local_shell_call":
+        item["action"] = {"type": "exec", "command": [], "env": {}, **given}
+        return []
+    commands = [command for command in given.get("commands") or [] if isinstance(command, str)]
+    item["action"] = {**given, "commands": commands}
+    where = {"output_index": at["output_index"]}
+    events = []
+    for index, command in enumerate(commands):
+        events.append(("response.shell_call_command.added", {**where, "command_index": index, "command": ""}))
+        if command:
+            events.append(("response.shell_call_command.delta", {**where, "command_index": index, "delta": command}))
+        events.append(("response.shell_call_command.done", {**where, "command_index": index, "command": command}))
+    return events
+
+
+def chat_call(item: ShellCall | LocalShellCall | ApplyPatchCall) -> tuple[str, str]:
+    """A replayed native call as the chat function call it came from: its name and arguments."""
+    if isinstance(item, ApplyPatchCall):
+        return "apply_patch", orjson.dumps(item.operation).decode()
+    if isinstance(item, LocalShellCall):
+        action = {key: value for key, value in item.action.items() if key != "type"}
+        return "local_shell", orjson.dumps(action).decode()
+    return "shell", orjson.dumps(item.action).decode()
+
+
+def chat_output(item: ShellCallOutput | LocalShellCallOutput | ApplyPatchCallOutput) -> tuple[str, str]:
+    """A client's output item as the tool message that answers its call: the call's id, and
+    what the model reads (a shell's output, each command's stdout, stderr and outcome)."""
+    if isinstance(item, LocalShellCallOutput):
+        return item.call_id or item.id or "", item.output
+    if isinstance(item, ApplyPatchCallOutput):
+        return item.call_id, item.output or item.status
+    if isinstance(item.output, str):
+        return item.call_id, item.output
+    return item.call_id, "\n".join(_shell_output(entry) for entry in item.output)
+
+
+def _shell_output(entry: dict[str, Any]) -> str:
+    outcome = entry.get("outcome") or {}
+    ended = "timed out" if outcome.get("type") == "timeout" else f"exit code {outcome.get('exit_code', '?')}"
+    parts = [entry.get("stdout") or "", f"stderr: {entry['stderr']}" if entry.get("stderr") else "", f"({ended})"]
+    return "\n".join(part for part in parts if part)
