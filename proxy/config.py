@@ -240,6 +240,8 @@ class Connections(_Section, frozen=True):
     # an error frame and a close (1008): nothing more is held (design.md 8.9).
     websocket_queue: Annotated[int, msgspec.Meta(ge=1)] = 16
     websocket_queue_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
+    # Lanes (`stream_id`) of one connection whose turns run at once; the others' wait (8.14).
+    websocket_lanes: Annotated[int, msgspec.Meta(ge=1)] = 8
 
 
 class Background(_Section, frozen=True):

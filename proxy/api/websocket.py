@@ -1,25 +1,31 @@
-"""The Responses API over a WebSocket (design.md 8.9): `GET /v1/responses` upgraded, as Codex
-(`supports_websockets`) and openai-agents (its websocket transport) use it. Each
-`response.create` frame is one turn, answered by the same events as over SSE, each event's JSON
-a text frame; one turn at a time on a connection; the responses made on it can be continued
-with `previous_response_id` on it even when they are not stored."""
+"""The Responses API over a WebSocket (design.md 8.9, 8.14): `GET /v1/responses` upgraded, as
+Codex (`supports_websockets`), openai-agents (its websocket transport) and the openai SDK's
+WebSocket session use it. Each `response.create` frame is one turn, answered by the same events as
+over SSE, each event's JSON a text frame; the turns of one lane (`stream_id`) run one at a time,
+in order, those of different lanes at once, each event echoing its lane; a `response.steer` frame
+queues user input for a running turn, which stops for it and is followed by a successor that
+takes it. The responses made on a connection can be continued with `previous_response_id` on it
+even when they are not stored."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import sys
 import time
 from collections import OrderedDict, deque
+from typing import Any
 
 import orjson
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from ..appkeys import REQUEST_ID, RUNTIME
 from ..errors import InvalidRequest, ProxyError, TooManyRequests, UpgradeRequired
-from ..responses import compaction
+from ..responses import compaction, steering
 from ..responses.body import load_json
 from ..responses.lifecycle import completed, new_id, usage_object, whole_stream
+from ..responses.steering import SteerRefused
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
 from ..turns import rounds
@@ -32,6 +38,10 @@ log = logging.getLogger("proxy")
 # The responses of one connection kept for `previous_response_id`: an agent continues the last
 # one; a few more cost little.
 _KEPT = 16
+# The SDK's rule for a lane's name.
+_LANE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
+# Steers one response may hold before it takes them.
+_MAX_STEERS = 16
 
 
 async def responses_socket(request: web.Request) -> web.StreamResponse:
@@ -44,53 +54,34 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
         raise UpgradeRequired("The WebSocket transport is off on this proxy: POST /v1/responses instead.")
     socket = web.WebSocketResponse(max_msg_size=config.max_body_bytes)
     await socket.prepare(request)
-    connection = _Connection(request, socket)
-    loop = asyncio.get_running_loop()
-    ends_at = loop.time() + config.connections.websocket_lifetime
-    # The socket is read while a turn runs, so that a client's close stops its generation at
-    # once (design.md 4.10); frames that come meanwhile wait their turn, within a bound (8.9).
-    waiting: deque[str | bytes] = deque()
-    # The bytes the frames waiting hold in memory: a text frame's str takes up to 4 a character
-    # (one emoji makes a whole str so), more than its length says.
-    queued = 0
-    receiving: asyncio.Task[WSMessage] | None = None
-    turn: asyncio.Task[None] | None = None
-    try:
-        while True:
-            if turn is None and waiting:
-                queued -= sys.getsizeof(waiting[0])
-                turn = asyncio.create_task(connection.turn(waiting.popleft()))
-            if receiving is None and loop.time() < ends_at:
-                receiving = asyncio.create_task(socket.receive(timeout=max(0.0, ends_at - loop.time())))
-            running = {task for task in (receiving, turn) if task is not None}
-            if not running:
-                break  # its lifetime is over, between two turns
-            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-            if turn in done:
-                turn = None
-            if receiving in done:
-                try:
-                    message = receiving.result()
-                except TimeoutError:  # its lifetime is over: the turn running ends first
-                    message = None
-                receiving = None
-                if message is not None and message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
-                    queued += sys.getsizeof(message.data)
-                    if len(waiting) >= config.connections.websocket_queue or (
-                        queued > config.connections.websocket_queue_bytes and waiting
-                    ):
-                        await connection.overflowed()
-                        break  # the turn running stops, and what waits goes
-                    waiting.append(message.data)
-                elif message is not None:
-                    break  # closed: a turn still running stops, and its upstream request with it
-    finally:
-        for task in (receiving, turn):
-            if task is not None:
-                task.cancel()
-        await asyncio.gather(*(task for task in (receiving, turn) if task is not None), return_exceptions=True)
+    await _Connection(request, socket).serve()
     await socket.close()
     return socket
+
+
+class _Lane:
+    """The turns of one `stream_id` (None: frames that name none): waiting, and the one running."""
+
+    __slots__ = ("frames", "task")
+
+    def __init__(self) -> None:
+        self.frames: deque[tuple[Any, int]] = deque()  # a frame (or why it is none), and its size
+        self.task: asyncio.Task[None] | None = None
+
+
+class _Running:
+    """A response running on the connection, which a steer may name (design.md 8.14): its lane,
+    the create frame it came from (what a successor inherits), and the steers it holds."""
+
+    __slots__ = ("lane", "body", "steerable", "steers")
+
+    def __init__(self, lane: str | None, body: dict[str, Any], steerable: bool) -> None:
+        self.lane, self.body, self.steerable = lane, body, steerable
+        self.steers: list[tuple[str, list[dict[str, Any]], Any]] = []  # id, its messages, as sent
+
+
+class Steered(Exception):
+    """A steer arrived for the response being streamed: it stops at this event's boundary."""
 
 
 class _Connection:
@@ -98,6 +89,96 @@ class _Connection:
         self._request = request
         self._socket = socket
         self._kept: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._lanes: dict[str | None, _Lane] = {}
+        self._running: dict[str, _Running] = {}
+        self._ended: OrderedDict[str, None] = OrderedDict()  # responses that ended here, the last few
+        self._waiting_for_client: dict[str, list[tuple[str, list[dict[str, Any]], Any]]] = {}
+        self._steer_events = 0  # the sequence numbers of the connection's own events (steering's)
+
+    async def serve(self) -> None:
+        """Read frames until the client closes, or the connection's lifetime is over between two
+        turns. The socket is read while turns run, so that a client's close stops their
+        generations at once (design.md 4.10) and a steer reaches its turn; frames that come
+        meanwhile wait their lane's turn, within a bound over all lanes (8.9)."""
+        config = self._request.app[RUNTIME].config
+        limits = config.connections
+        loop = asyncio.get_running_loop()
+        ends_at = loop.time() + limits.websocket_lifetime
+        # The frames waiting, and the bytes they hold in memory: a text frame's str takes up to 4
+        # a character (one emoji makes a whole str so), more than its length says.
+        self._waiting = self._queued = 0
+        receiving: asyncio.Task[WSMessage] | None = None
+        try:
+            while True:
+                self._start_turns(limits.websocket_lanes)
+                if receiving is None and loop.time() < ends_at:
+                    receiving = asyncio.create_task(self._socket.receive(timeout=max(0.0, ends_at - loop.time())))
+                running: set[asyncio.Task[Any]] = {lane.task for lane in self._lanes.values() if lane.task}
+                if receiving is not None:
+                    running.add(receiving)
+                if not running:
+                    break  # its lifetime is over, between two turns
+                done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+                for key, lane in list(self._lanes.items()):
+                    if lane.task in done:
+                        lane.task = None
+                    if lane.task is None and not lane.frames:
+                        del self._lanes[key]
+                if receiving in done:
+                    try:
+                        message = receiving.result()
+                    except TimeoutError:  # its lifetime is over: the turns running end first
+                        message = None
+                    receiving = None
+                    if message is not None and message.type in (WSMsgType.TEXT, WSMsgType.BINARY):
+                        if not await self._take(message.data, limits.websocket_queue, limits.websocket_queue_bytes):
+                            break  # overflowed: the turns running stop, and what waits goes
+                    elif message is not None:
+                        break  # closed: the turns still running stop, and their upstream requests with them
+        finally:
+            tasks = [task for task in (receiving, *(lane.task for lane in self._lanes.values())) if task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _take(self, raw: str | bytes, most: int, most_bytes: int) -> bool:
+        """A frame read: a steer taken at once (its turn is running), any other queued on its
+        lane; False where the frames waiting are past the bound (design.md 8.9)."""
+        size = sys.getsizeof(raw)
+        try:
+            frame = load_json(raw.encode() if isinstance(raw, str) else raw, self._config().requests.max_depth)
+        except ProxyError as error:
+            frame = error  # answered in its turn, on the lane of frames that name none
+        lane = frame.get("stream_id") if isinstance(frame, dict) else None
+        if isinstance(frame, dict) and frame.get("type") == "response.steer":
+            await self.steer(frame)
+            return True
+        if lane is not None and not (isinstance(lane, str) and _LANE.fullmatch(lane)):
+            frame, lane = (
+                InvalidRequest("'stream_id' is 1 to 256 letters, digits, '_', '-' or '.'.", param="stream_id"),
+                None,
+            )
+        self._waiting += 1
+        self._queued += size
+        if self._waiting > most or (self._queued > most_bytes and self._waiting > 1):
+            await self.overflowed()
+            return False
+        self._lanes.setdefault(lane, _Lane()).frames.append((frame, size))
+        return True
+
+    def _start_turns(self, most: int) -> None:
+        """The next frame of each lane whose turn is over, as long as fewer than `most` run."""
+        for key, lane in self._lanes.items():
+            if sum(lane.task is not None for lane in self._lanes.values()) >= most:
+                return
+            if lane.task is None and lane.frames:
+                frame, size = lane.frames.popleft()
+                self._waiting -= 1
+                self._queued -= size
+                lane.task = asyncio.create_task(self.turn(frame, key))
+
+    def _config(self) -> Any:
+        return self._request.app[RUNTIME].config
 
     def _keep_here(self, stored: StoredResponse) -> None:
         self._kept[stored.id] = stored
@@ -105,93 +186,188 @@ class _Connection:
         while len(self._kept) > _KEPT:
             self._kept.popitem(last=False)
 
-    async def turn(self, raw: str | bytes) -> None:
-        """One `response.create` frame: its events, or an `error` frame (the connection stays)."""
+    async def turn(self, frame: Any, lane: str | None) -> None:
+        """One `response.create` frame: its events (and its successors', where it was steered),
+        or an `error` frame (the connection stays)."""
         request = self._request
         try:
-            data = raw.encode() if isinstance(raw, str) else raw
-            frame = load_json(data, request.app[RUNTIME].config.requests.max_depth)
+            if isinstance(frame, ProxyError):
+                raise frame
             if not isinstance(frame, dict) or frame.get("type") != "response.create":
-                raise InvalidRequest("Send `response.create` frames.", param="type")
-            body = {key: value for key, value in frame.items() if key not in ("type", "generate")}
+                raise InvalidRequest("Send `response.create` frames (or `response.steer`).", param="type")
+            body = {key: value for key, value in frame.items() if key not in ("type", "generate", "stream_id")}
             if body.get("background"):
                 raise InvalidRequest("A background response is made over HTTP, not on a WebSocket.", param="background")
-            turn = await plan(request, {**body, "stream": True}, self._kept, self._keep_here)
-            try:
-                if frame.get("generate") is False:
-                    await self._prepared(turn)
-                elif compaction.triggered(turn.past.request):
-                    await self.send_events(whole_stream(await compacted_turn(turn)), turn)
-                else:
-                    await self._generated(turn)
-            finally:
-                await turn.release()
+            steers = self._waiting_for_client.pop(body.get("previous_response_id") or "", [])
+            if steers:  # queued while the response ran: after the outputs it waited for (8.14)
+                own = body.get("input") or []
+                own = [{"type": "message", "role": "user", "content": own}] if isinstance(own, str) else own
+                body["input"] = [*own, *(message for _, messages, _ in steers for message in messages)]
+            next_body: dict[str, Any] | None = body
+            generate = frame.get("generate")
+            while next_body is not None:
+                next_body = await self._respond(next_body, generate, lane)
+                generate = None
         except ProxyError as error:
             log_failure(error, f"{request.method} {request.path}", request[REQUEST_ID])
-            await self._send_error(error.for_client(request[REQUEST_ID]))
+            await self._send_error(error.for_client(request[REQUEST_ID]), lane)
         except ClientGone:
             if request.transport is not None:
                 request.transport.abort()  # the reader sees the socket closed, and the loop ends
         except Exception:  # not foreseen: logged whole, answered in the envelope (design.md 5.9)
             log.exception("a WebSocket turn failed", extra={"request_id": request[REQUEST_ID]})
-            await self._send_error(ProxyError(f"internal error; request id {request[REQUEST_ID]}"))
+            await self._send_error(ProxyError(f"internal error; request id {request[REQUEST_ID]}"), lane)
 
-    async def _generated(self, turn: Turn) -> None:
+    async def _respond(self, body: dict[str, Any], generate: Any, lane: str | None) -> dict[str, Any] | None:
+        """One turn planned and run; the body of its successor, where steers wait for one."""
+        turn = await plan(self._request, {**body, "stream": True}, self._kept, self._keep_here)
+        try:
+            if generate is False:
+                await self._prepared(turn, lane)
+            elif compaction.triggered(turn.past.request):
+                await self.send_events(whole_stream(await compacted_turn(turn)), turn, lane)
+            else:
+                return await self._generated(turn, body, lane)
+        finally:
+            await turn.release()
+        return None
+
+    async def _generated(self, turn: Turn, body: dict[str, Any], lane: str | None) -> dict[str, Any] | None:
         started = time.monotonic()
         translator = turn.translator()
-        sink = _SocketSink(self, translator, turn)
+        id = translator.progress()["id"]
+        # Not a conversation's turn, nor one that compacts: OpenAI's steering takes neither (8.14).
+        running = self._running[id] = _Running(
+            lane, body, turn.past.request.conversation_id is None and turn.call.compact_at is None
+        )
+        sink = _SocketSink(self, translator, turn, running)
         try:
-            async with turn.post() as exchange:
-                await sink.write(translator.start())
-                await rounds.answer(translator, exchange, sink)
-            await rounds.go_on(turn, translator, sink)
-        except ProxyError as error:
-            if not error.in_stream:
-                raise
-            # An error clients act on from the event (design.md 8.7): a stream of its own.
-            await sink.write(translator.start() + translator.fail(error))
+            try:
+                async with turn.post() as exchange:
+                    await sink.write(translator.start())
+                    await rounds.answer(translator, exchange, sink)
+                await rounds.go_on(turn, translator, sink)
+            except Steered:  # the upstream request is left, which stops the generation
+                await sink.write(translator.cancel(steered=True))
+            except ProxyError as error:
+                if not error.in_stream:
+                    raise
+                # An error clients act on from the event (design.md 8.7): a stream of its own.
+                await sink.write(translator.start() + translator.fail(error))
+        finally:
+            del self._running[id]
+            self._ended[id] = None
+            while len(self._ended) > _KEPT * 4:
+                self._ended.popitem(last=False)
+            if running.steers and translator.response is None:  # it ended in no response
+                refused = SteerRefused("response_not_active", "The response ended before it took the input.")
+                for steer_id, _, sent in running.steers:
+                    await self._send(steering.failed(refused, id, sent, steer_id), lane)
+                running.steers.clear()
         log_failure(translator.error, f"{self._request.method} {self._request.path}", self._request[REQUEST_ID])
         if translator.response is not None:
             turn.answered(translator.response, started, None)
+        response = translator.response
+        return await self._successor(response, running, id) if running.steers and response is not None else None
 
-    async def _prepared(self, turn: Turn) -> None:
+    async def _successor(self, response: dict[str, Any], running: _Running, id: str) -> dict[str, Any] | None:
+        """What follows a response that took steers (design.md 8.14): a successor that
+        continues it with their input, inheriting its settings; where it stopped for its client's
+        tool output or approval, nothing yet: the steers wait for the client's next create on it
+        (`response.steer.pending`); where it failed, they are returned."""
+        owed = steering.required_input(response["output"]) if response["status"] == "completed" else []
+        if owed:
+            self._waiting_for_client[id] = running.steers
+            for steer_id, _, _ in running.steers:
+                await self._send(steering.pending(steer_id, id, owed), running.lane)
+            return None
+        if response["status"] == "failed":
+            refused = SteerRefused("successor_creation_failed", "The response failed: its successor was not made.")
+            for steer_id, _, sent in running.steers:
+                await self._send(steering.failed(refused, id, sent, steer_id), running.lane)
+            return None
+        messages = [message for _, queued, _ in running.steers for message in queued]
+        return {**running.body, "previous_response_id": id, "input": messages}
+
+    async def steer(self, frame: dict[str, Any]) -> None:
+        """A `response.steer` frame: its input queued on the response it names, running on this
+        connection, and `response.steer.accepted`; or `response.steer.failed` with the input
+        returned (design.md 8.14)."""
+        target, sent = frame.get("previous_response_id"), frame.get("input")
+        running = self._running.get(target) if isinstance(target, str) else None
+        try:
+            extra = set(frame) - {"type", "previous_response_id", "input"}
+            if extra:
+                raise SteerRefused(
+                    "invalid_input", f"A steer takes type, previous_response_id and input; not {sorted(extra)}."
+                )
+            messages = steering.steer_input(sent)
+            if running is None:
+                ended = isinstance(target, str) and (target in self._ended or target in self._waiting_for_client)
+                code = "response_already_completed" if ended else "response_not_found"
+                raise SteerRefused(code, f"No response '{target}' is running on this connection.")
+            if not running.steerable:
+                raise SteerRefused(
+                    "steering_not_supported", "A conversation's or a compacting response is not steered."
+                )
+            if len(running.steers) >= _MAX_STEERS:
+                raise SteerRefused("too_many_pending_steers", f"A response holds at most {_MAX_STEERS} steers.")
+        except SteerRefused as refused:
+            await self._send(steering.failed(refused, str(target), sent), running.lane if running else None)
+            return
+        steer_id = new_id("steer")
+        running.steers.append((steer_id, messages, sent))
+        await self._send(steering.accepted(steer_id, target), running.lane)  # type: ignore[arg-type]
+
+    async def _prepared(self, turn: Turn, lane: str | None) -> None:
         """`generate: false`: the request's state kept without output, for a later turn to
         continue with `previous_response_id` (a client prewarming its connection)."""
         response = completed(new_id("resp"), int(time.time()), [], turn.call.echo, usage_object(None))
         await turn.keep(response)
-        await self.send_events(whole_stream(response), turn)
+        await self.send_events(whole_stream(response), turn, lane)
 
-    async def send_events(self, sse: bytes, turn: Turn) -> None:
-        """SSE-framed events as the transport's frames, each event's JSON alone. A client that
-        takes nothing for its upstream's `client_idle` is let go, its turn and upstream request
-        with it (4.12)."""
+    async def send_events(self, sse: bytes, turn: Turn, lane: str | None) -> None:
+        """SSE-framed events as the transport's frames, each event's JSON alone, with its lane's
+        `stream_id`. A client that takes nothing for its upstream's `client_idle` is let go, its
+        turns and their upstream requests with them (4.12)."""
+        tail = b"}" if lane is None else b',"stream_id":' + orjson.dumps(lane) + b"}"
         try:
             async with asyncio.timeout(turn.target.upstream.timeouts.client_idle):
                 for event in sse.split(b"\n\n"):
                     data = event.partition(b"data: ")[2]
                     if data and data != b"[DONE]":
-                        await self._socket.send_str(data.decode())
+                        await self._socket.send_str((data[:-1] + tail).decode())
         except TimeoutError:
             raise ClientGone("the client took nothing for client_idle") from None
 
+    async def _send(self, event: dict[str, Any], lane: str | None) -> None:
+        """One of the connection's own events (steering's), numbered in their own sequence."""
+        event["sequence_number"] = self._steer_events
+        self._steer_events += 1
+        if lane is not None:
+            event["stream_id"] = lane
+        await self._socket.send_str(orjson.dumps(event).decode())
+
     async def overflowed(self) -> None:
-        """More frames came while a turn ran than the connection may queue (design.md 8.9):
+        """More frames came while turns ran than the connection may queue (design.md 8.9):
         said in an error frame, then the connection closes (1008)."""
-        limits = self._request.app[RUNTIME].config.connections
+        limits = self._config().connections
         await self._send_error(
             TooManyRequests(
                 f"More than {limits.websocket_queue} frames or {limits.websocket_queue_bytes} bytes waited for the "
-                "turn running on this connection; send the next when it ends.",
+                "turns running on this connection; send the next when one ends.",
                 param="type",
-            )
+            ),
+            None,
         )
         await self._socket.close(code=WSCloseCode.POLICY_VIOLATION, message=b"too many frames queued")
 
-    async def _send_error(self, error: ProxyError) -> None:
-        """The transport's error frame: the error's envelope, with its status."""
-        await self._socket.send_str(
-            orjson.dumps({"type": "error", "status": error.status, **error.envelope()}).decode()
-        )
+    async def _send_error(self, error: ProxyError, lane: str | None) -> None:
+        """The transport's error frame: the error's envelope, with its status (and its lane)."""
+        frame = {"type": "error", "status": error.status, **error.envelope()}
+        if lane is not None:
+            frame["stream_id"] = lane
+        await self._socket.send_str(orjson.dumps(frame).decode())
 
 
 class ClientGone(Exception):
@@ -200,14 +376,19 @@ class ClientGone(Exception):
 
 class _SocketSink:
     """The relay's sink on a WebSocket: the finished response kept before its terminal event
-    leaves (design.md 9.2), each event a frame."""
+    leaves (design.md 9.2), each event a frame on its lane; a steer taken stops the response
+    after the events of this write (8.14)."""
 
-    def __init__(self, connection: _Connection, translator: ResponseTranslator, turn: Turn) -> None:
+    def __init__(self, connection: _Connection, translator: ResponseTranslator, turn: Turn, running: _Running) -> None:
         self._connection = connection
         self._translator = translator
         self._turn = turn
+        self._running = running
 
     async def write(self, events: bytes) -> None:
         if self._translator.response is not None:
             await self._turn.keep(self._translator.response)
-        await self._connection.send_events(events, self._turn)
+        await self._connection.send_events(events, self._turn, self._running.lane)
+        translator = self._translator
+        if self._running.steers and translator.response is None and not translator.calling:
+            raise Steered

@@ -94,6 +94,13 @@ class ResponseTranslator:
         return self.response is not None or self.round_over
 
     @property
+    def calling(self) -> bool:
+        """Whether the model is amid a tool call: no boundary to stop a steered turn at (8.14)."""
+        return isinstance(self._generating, ToolCall) or (
+            self._current is not None and "call" in self._current.item["type"]
+        )
+
+    @property
     def answered(self) -> bool:
         """Whether the Response waits between rounds with its answer whole (a compaction due)."""
         return self.round_over and not self._runs_tools()
@@ -187,16 +194,18 @@ class ResponseTranslator:
             self._end()  # a frame cut short by the break is left unread: usage or [DONE]
         return self._flush()
 
-    def cancel(self) -> bytes:
+    def cancel(self, steered: bool = False) -> bytes:
         """The client cancelled a background response (design.md 10.3): what was open closes
-        `incomplete`, and the response ends `cancelled`, with no error; between rounds, a whole
-        answer completes (its compaction, 8.10, left out)."""
+        `incomplete`, and the response ends `cancelled`, with no error; or it steered a WebSocket
+        turn (8.14): `incomplete`, for `steered`. Between rounds, a whole answer completes."""
         if self.answered:
             return self.end()
         self.round_over = False
         if not self.done:
             self._close_all(None, "incomplete")
-            self._terminate("cancelled")
+            self._terminate(
+                "incomplete" if steered else "cancelled", incomplete_details={"reason": "steered"} if steered else None
+            )
         return self._flush()
 
     def complete(self, body: bytes) -> dict[str, Any] | None:
