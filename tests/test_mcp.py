@@ -332,6 +332,27 @@ async def test_an_unreachable_server_is_a_424(upstream: FakeUpstream, start_prox
     assert status == 424 and body["error"]["type"] == "external_connector_error", body
 
 
+@pytest.mark.parametrize("url", ["http://169.254.169.254/mcp", "http://[fe80::1]/mcp", "http://[::1]:9/mcp", "http://0.0.0.0:9/mcp"])
+async def test_link_local_metadata_and_loopback_addresses_are_refused_behind_a_wildcard(
+    url: str, upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession
+) -> None:
+    proxy = await start_proxy(config(upstream.url, mcp={"allowed_servers": ["http://*"], "timeout": 2}))
+    status, body = await create(http, proxy, {"model": "m", "input": "hi", "tools": [{"type": "mcp", "server_label": "x", "server_url": url}]})
+    assert status == 424 and "internal address" in body["error"]["message"], body
+
+
+async def test_the_sdk_streams_a_tool_round_as_typed_events(upstream: FakeUpstream, tool_server: ToolServer, sdk: openai.AsyncOpenAI) -> None:
+    upstream.script(Reply(calling("calc__add", '{"a": 4, "b": 5}')), Reply(answering("9")))
+    kinds, final = [], None
+    async with await sdk.responses.create(model="m", input="add", tools=[server(tool_server)], stream=True) as events:
+        async for event in events:
+            kinds.append(type(event).__name__)
+            if event.type == "response.completed":
+                final = event.response
+    assert {"ResponseMcpListToolsCompletedEvent", "ResponseMcpCallArgumentsDeltaEvent", "ResponseMcpCallCompletedEvent"} <= set(kinds)
+    assert final is not None and final.output[1].type == "mcp_call" and final.output[1].output == "9"
+
+
 async def test_an_internal_address_needs_the_operator_to_name_its_host(
     upstream: FakeUpstream, tool_server: ToolServer, start_proxy, http: aiohttp.ClientSession
 ) -> None:
