@@ -27,6 +27,9 @@ _HEADERS = {
     "Cache-Control": "no-cache",
 }
 _PACKAGE = files("proxy") / "ui"
+# The paths that serve the page, which reads its path: the list, live, one response, two
+# responses compared token by token.
+PAGES = ("/ui", "/ui/", "/ui/live", "/ui/responses/{id}", "/ui/compare/{first}/{second}")
 
 
 def _served(request: web.Request) -> None:
@@ -35,7 +38,7 @@ def _served(request: web.Request) -> None:
 
 
 async def page(request: web.Request) -> web.Response:
-    """/ui/, /ui/live and /ui/responses/{id}: one page, which reads its path."""
+    """Every path of PAGES: one page, which reads its path."""
     _served(request)
     body = (_PACKAGE / "index.html").read_bytes()
     return web.Response(body=body, content_type="text/html", charset="utf-8", headers=_HEADERS)

@@ -1,12 +1,15 @@
 // The token-score viewer (design.md 13): a response's tokens shaded by their probability, the
-// alternatives on hover or tap, a plot of the log-probabilities and the answer's perplexity.
-// Every text the page shows is set as text (textContent), never parsed as HTML: tokens are
-// whatever the model wrote.
+// alternatives on hover or tap, a plot of the log-probabilities and the answer's perplexity,
+// two responses compared token by token. Every text the page shows is set as text
+// (textContent, or an attribute's value), never parsed as HTML: tokens are whatever the model
+// wrote.
 
 const LOGPROBS = "message.output_text.logprobs";
 const KEY = "responses-proxy-key"; // sessionStorage: this tab only, gone when it closes
+const SVG = "http://www.w3.org/2000/svg";
 const view = document.getElementById("view");
 const tooltip = document.getElementById("alternatives");
+const encoder = new TextEncoder();
 
 function el(tag, attributes = {}, ...children) {
   const node = document.createElement(tag);
@@ -14,6 +17,14 @@ function el(tag, attributes = {}, ...children) {
     if (name === "text") node.textContent = value;
     else node.setAttribute(name, value);
   }
+  node.append(...children);
+  return node;
+}
+
+// An SVG element; string children become text nodes (never markup).
+function svg(tag, attributes = {}, ...children) {
+  const node = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attributes)) node.setAttribute(name, String(value));
   node.append(...children);
   return node;
 }
@@ -33,6 +44,8 @@ async function api(path, options = {}) {
   return response;
 }
 
+const stored = async (id) => (await api(`/v1/responses/${encodeURIComponent(id)}?include[]=${LOGPROBS}`)).json();
+
 function failed(error) {
   view.replaceChildren(el("p", { class: "error", text: String(error.message || error) }));
 }
@@ -44,43 +57,99 @@ const probability = (logprob) => Math.exp(Math.max(logprob, -9999));
 const shade = (p) => `hsl(${Math.round(120 * p)}, 75%, ${Math.round(88 - 10 * p)}%)`;
 const shown = (token) => token.replace(/ /g, "\u2423").replace(/\n/g, "\u23ce").replace(/\t/g, "\u21e5");
 const percent = (p) => `${(100 * p).toFixed(p >= 0.1 ? 1 : 2)}%`;
+// A tokenizer's control tokens: <|im_end|>, <｜end▁of▁sentence｜>, <eos>, </think>, each alone.
+const SPECIAL = /^<(\|[^|\s]+\||\uff5c[^\uff5c]+\uff5c|\/?[A-Za-z_][\w.:\u2581-]*)>$/;
+const isSpecial = (token) => SPECIAL.test(token);
+const isBlank = (token) => token.trim() === "";
+const bytesOf = (score) => (Array.isArray(score.bytes) ? score.bytes : Array.from(encoder.encode(score.token)));
 
-function tokenSpan(score, index) {
-  const span = el("span", { class: "token", tabindex: "0", "data-index": String(index), "data-logprob": String(score.logprob), text: score.token });
+function tokenSpan(score, index, part = "answer") {
+  const special = isSpecial(score.token);
+  const span = el("span", {
+    class: `token ${part}${special ? " special" : ""}`,
+    tabindex: "0",
+    "data-index": String(index),
+    "data-logprob": String(score.logprob),
+    text: score.token,
+  });
+  if (special) span.setAttribute("title", "special token");
   span.style.backgroundColor = shade(probability(score.logprob));
   span.score = score;
   return span;
 }
 
-function showAlternatives(span) {
-  const score = span.score;
-  const rows = [el("tr", { class: "chosen" }, el("td", { text: shown(score.token) }), el("td", { text: percent(probability(score.logprob)) }), el("td", { text: score.logprob.toFixed(3) }))];
+function alternativesTable(score, other = null) {
+  const row = (token, logprob, kind) =>
+    el("tr", { class: kind }, el("td", { text: shown(token) }), el("td", { text: percent(probability(logprob)) }), el("td", { text: logprob.toFixed(3) }));
+  const rows = [row(score.token, score.logprob, "chosen")];
   for (const alternative of score.top_logprobs || []) {
     if (alternative.token === score.token) continue;
-    rows.push(el("tr", {}, el("td", { text: shown(alternative.token) }), el("td", { text: percent(probability(alternative.logprob)) }), el("td", { text: alternative.logprob.toFixed(3) })));
+    rows.push(row(alternative.token, alternative.logprob, alternative.token === other ? "other" : ""));
   }
-  tooltip.replaceChildren(el("div", { class: "kind", text: `token ${Number(span.dataset.index) + 1}` }), el("table", {}, ...rows));
-  const box = span.getBoundingClientRect();
-  tooltip.style.left = `${window.scrollX + box.left}px`;
-  tooltip.style.top = `${window.scrollY + box.bottom + 6}px`;
+  return el("table", {}, ...rows);
+}
+
+function showAlternatives(span) {
+  const score = span.score;
+  const what = [`token ${Number(span.dataset.index) + 1}`];
+  if (span.classList.contains("reasoning")) what.push("reasoning");
+  if (span.classList.contains("special")) what.push("special token");
+  tooltip.replaceChildren(el("div", { class: "card-title", text: what.join(" \u00b7 ") }), alternativesTable(score));
+  place(span);
+}
+
+// The card goes below the token, or above it, whichever is nearer once moved clear of the
+// token itself and of every heading (it never covers what it explains, or where it is).
+function place(span) {
+  tooltip.style.visibility = "hidden";
+  tooltip.style.left = "0px";
+  tooltip.style.top = "0px";
   tooltip.hidden = false;
+  const { width, height } = tooltip.getBoundingClientRect();
+  const token = span.getBoundingClientRect();
+  const gap = 6;
+  const left = Math.max(4, Math.min(token.left, document.documentElement.clientWidth - width - 4));
+  const keepOut = [token];
+  for (const node of document.querySelectorAll("header, h1, h2, h3, .kind")) {
+    if (tooltip.contains(node)) continue;
+    const box = node.getBoundingClientRect();
+    if (box.width && box.height) keepOut.push(box);
+  }
+  const covered = (top) => keepOut.filter((box) => left < box.right && left + width > box.left && top < box.bottom && top + height > box.top);
+  const clear = (top, down) => {
+    for (let tries = 0; tries < 64; tries++) {
+      const hit = covered(top);
+      if (!hit.length) return top;
+      top = down ? Math.max(...hit.map((box) => box.bottom)) + gap : Math.min(...hit.map((box) => box.top)) - gap - height;
+    }
+    return null;
+  };
+  const below = clear(token.bottom + gap, true);
+  let above = clear(token.top - gap - height, false);
+  if (above !== null && above + window.scrollY < 0) above = null; // off the top of the page
+  const top = above !== null && (below === null || token.top - (above + height) < below - token.bottom) ? above : below;
+  tooltip.style.left = `${window.scrollX + left}px`;
+  tooltip.style.top = `${window.scrollY + (top ?? token.bottom + gap)}px`;
+  tooltip.style.visibility = "";
 }
 
 function hideAlternatives() {
   if (!document.querySelector(".token.pinned")) tooltip.hidden = true;
 }
 
-document.addEventListener("mouseover", (event) => event.target.classList?.contains("token") && showAlternatives(event.target));
-document.addEventListener("mouseout", (event) => event.target.classList?.contains("token") && hideAlternatives());
-document.addEventListener("focusin", (event) => event.target.classList?.contains("token") && showAlternatives(event.target));
+const isToken = (node) => node?.classList?.contains("token") && node.score;
+document.addEventListener("mouseover", (event) => isToken(event.target) && showAlternatives(event.target));
+document.addEventListener("mouseout", (event) => isToken(event.target) && hideAlternatives());
+document.addEventListener("focusin", (event) => isToken(event.target) && showAlternatives(event.target));
+document.addEventListener("focusout", (event) => isToken(event.target) && hideAlternatives());
 // A tap pins a token's alternatives (touch screens have no hover); a tap elsewhere lets go.
 document.addEventListener("click", (event) => {
   const pinned = document.querySelector(".token.pinned");
   if (pinned && pinned !== event.target) pinned.classList.remove("pinned");
-  if (event.target.classList?.contains("token")) {
+  if (isToken(event.target)) {
     event.target.classList.toggle("pinned");
     showAlternatives(event.target);
-  } else {
+  } else if (!event.target.closest?.("#least-likely, .chart")) {
     tooltip.hidden = true;
   }
 });
@@ -90,44 +159,220 @@ function perplexity(scores) {
   return Math.exp(-scores.reduce((sum, score) => sum + score.logprob, 0) / scores.length);
 }
 
-function chart(scores) {
-  const svgNs = "http://www.w3.org/2000/svg";
-  const svg = document.createElementNS(svgNs, "svg");
-  const width = Math.max(scores.length, 1);
-  const deepest = Math.max(1, ...scores.map((score) => -score.logprob).filter(Number.isFinite).map((depth) => Math.min(depth, 20)));
-  svg.setAttribute("viewBox", `0 0 ${width} 100`);
-  svg.setAttribute("preserveAspectRatio", "none");
-  svg.setAttribute("role", "img");
-  svg.setAttribute("aria-label", "log-probability of each token, deeper is less likely");
-  scores.forEach((score, index) => {
-    const depth = Math.min(-score.logprob, 20) / deepest;
-    const bar = document.createElementNS(svgNs, "rect");
-    bar.setAttribute("x", String(index + 0.1));
-    bar.setAttribute("width", "0.8");
-    bar.setAttribute("y", "0");
-    bar.setAttribute("height", String(Math.max(1, 100 * depth)));
-    bar.setAttribute("class", probability(score.logprob) < 0.5 ? "low" : "");
-    const title = document.createElementNS(svgNs, "title");
-    title.textContent = `${shown(score.token)}: ${score.logprob.toFixed(3)}`;
-    bar.append(title);
-    svg.append(bar);
+// Scroll to a token of the page and show its alternatives.
+function goTo(index) {
+  const span = document.querySelector(`.token[data-index="${Number(index)}"]`);
+  if (!span) return;
+  span.scrollIntoView({ block: "center" });
+  span.focus({ preventScroll: true });
+  span.classList.remove("flash");
+  void span.offsetWidth; // restart the animation
+  span.classList.add("flash");
+}
+
+// The log-probability of each token along the answer: a y axis of log-probabilities, bars
+// down (deeper is less likely), each token's label below its bar and in its tooltip.
+function chart(scores, reasoning = new Set()) {
+  const n = scores.length;
+  const axis = 48;
+  const top = 10;
+  const depth = 120;
+  const labels = 80;
+  const step = n ? Math.max(6, Math.min(36, 720 / n)) : 36;
+  const width = axis + Math.max(n, 1) * step + 10;
+  const deepest = Math.max(0, ...scores.map((score) => Math.min(-score.logprob, 20)).filter(Number.isFinite));
+  const bottom = [1, 2, 5, 10, 20].find((limit) => deepest <= limit) ?? 20;
+  const ticks = { 1: [0, 0.25, 0.5, 0.75, 1], 2: [0, 0.5, 1, 1.5, 2], 5: [0, 1, 2, 3, 4, 5], 10: [0, 2, 4, 6, 8, 10], 20: [0, 5, 10, 15, 20] }[bottom];
+  const y = (down) => top + (depth * Math.min(down, bottom)) / bottom;
+  const plot = svg("svg", {
+    width,
+    height: top + depth + labels,
+    role: "img",
+    "aria-label": "log-probability of each token, deeper is less likely",
   });
-  return el("div", { class: "chart" }, el("h2", { text: "Log-probability per token (bars down: less likely)" }), svg);
+  for (const tick of ticks) {
+    plot.append(svg("line", { class: "grid", x1: axis, x2: width, y1: y(tick), y2: y(tick) }));
+    plot.append(svg("text", { class: "ytick", x: axis - 6, y: y(tick) + 4, "text-anchor": "end" }, tick ? `-${tick}` : "0"));
+  }
+  plot.append(svg("line", { class: "axis", x1: axis, x2: axis, y1: top, y2: top + depth }));
+  plot.append(svg("text", { class: "ytitle", x: 12, y: top + depth / 2, "text-anchor": "middle", transform: `rotate(-90 12 ${top + depth / 2})` }, "log p"));
+  const every = Math.ceil(12 / step);
+  scores.forEach((score, index) => {
+    const x = axis + index * step;
+    const low = probability(score.logprob) < 0.5;
+    const bar = svg("rect", {
+      class: `bar${low ? " low" : ""}${reasoning.has(index) ? " reasoning" : ""}`,
+      "data-index": index,
+      x: x + step * 0.1,
+      width: step * 0.8,
+      y: top,
+      height: Math.max(1, y(-score.logprob) - top),
+    });
+    bar.append(svg("title", {}, `token ${index + 1}: ${shown(score.token)}  ${score.logprob.toFixed(3)} (${percent(probability(score.logprob))})`));
+    plot.append(bar);
+    if (index % every === 0) {
+      const cx = x + step / 2;
+      const label = shown(score.token);
+      const text = svg("text", { x: cx, y: top + depth + 12, "text-anchor": "end", transform: `rotate(-55 ${cx} ${top + depth + 12})` }, label.length > 10 ? `${label.slice(0, 9)}\u2026` : label);
+      plot.append(svg("g", { class: "xlabel", "data-index": index }, svg("title", {}, `token ${index + 1}: ${label}`), text));
+    }
+  });
+  plot.addEventListener("click", (event) => {
+    const index = event.target.closest?.("[data-index]")?.getAttribute("data-index");
+    if (index != null) goTo(index);
+  });
+  return el("div", { class: "chart" }, el("h2", { text: "Log-probability per token (bars down: less likely)" }), el("div", { class: "plot" }, plot));
 }
 
 function legend() {
   const swatches = [0.05, 0.25, 0.5, 0.75, 0.95].map((p) => {
-    const swatch = el("span", { class: "swatch", title: percent(p) });
+    const swatch = el("span", { class: "swatch", title: `probability ${percent(p)}`, text: `${Math.round(100 * p)}%` });
     swatch.style.backgroundColor = shade(p);
     return swatch;
   });
-  return el("div", { class: "legend" }, el("span", { text: "unlikely" }), ...swatches, el("span", { text: "likely" }));
+  return el("div", { class: "legend" }, el("span", { text: "probability: unlikely" }), ...swatches, el("span", { text: "likely" }));
+}
+
+// The answer's ten least likely tokens, each a link to the token.
+function leastLikely(scores, indices) {
+  const lowest = indices
+    .map((index) => ({ index, score: scores[index] }))
+    .sort((a, b) => a.score.logprob - b.score.logprob || a.index - b.index)
+    .slice(0, 10);
+  const list = el("ol", {});
+  for (const { index, score } of lowest) {
+    const go = el("button", { type: "button", class: "link", "data-index": String(index) }, el("span", { class: "position", text: `token ${index + 1}` }), " ", el("span", { class: "what", text: shown(score.token) }), " ", el("span", { class: "p", text: percent(probability(score.logprob)) }));
+    go.addEventListener("click", () => goTo(index));
+    list.append(el("li", {}, go));
+  }
+  return el("section", { id: "least-likely" }, el("h2", { text: "Least likely tokens of the answer" }), lowest.length ? list : el("p", { class: "note", text: "No scored tokens." }));
+}
+
+// -- painting scores: reasoning's apart from the answer's ---------------------------------------
+
+// A reasoning item: its text, then (once its scores come) its tokens, scored. Rule 3.8 puts
+// reasoning's scores on the message's output_text, first: the painter hands a block the
+// scores whose tokens spell its text, in order.
+class ReasoningBlock {
+  constructor() {
+    this.text = "";
+    this.want = []; // the text's UTF-8 bytes, which the tokens' bytes spell
+    this.at = 0; // how many of them the tokens matched so far
+    this.matched = 0;
+    this.kind = el("span", { class: "kind", text: "reasoning" });
+    this.body = el("div", { class: "unscored reasoning" });
+    this.rest = null;
+    this.node = el("div", { class: "block" }, this.kind, this.body);
+  }
+
+  append(text) {
+    this.text += text;
+    this.want.push(...encoder.encode(text));
+    this.update();
+  }
+
+  paint(span, spelled) {
+    if (!this.rest) {
+      this.body.className = "tokens reasoning";
+      this.rest = el("span", { class: "rest" });
+      this.body.replaceChildren(this.rest);
+    }
+    this.body.insertBefore(span, this.rest);
+    if (spelled) {
+      this.at += spelled;
+      this.matched += 1;
+    }
+    this.update();
+  }
+
+  update() {
+    if (this.rest) this.rest.textContent = new TextDecoder().decode(new Uint8Array(this.want.slice(this.at)));
+    else this.body.textContent = this.text;
+  }
+
+  finish() {
+    this.kind.textContent = this.matched ? "reasoning" : "reasoning (not scored)";
+  }
+
+  spells(bytes) {
+    if (!bytes.length || this.at + bytes.length > this.want.length) return false;
+    return bytes.every((byte, k) => byte === this.want[this.at + k]);
+  }
+}
+
+class Painter {
+  constructor(answer) {
+    this.answer = answer; // the element the answer's tokens go in
+    this.scores = [];
+    this.answerIndices = [];
+    this.reasoningIndices = new Set();
+    this.blocks = [];
+    this.cursor = 0; // the reasoning block that the next scores may still belong to
+  }
+
+  reasoning() {
+    const block = new ReasoningBlock();
+    this.blocks.push(block);
+    return block;
+  }
+
+  // Scores in generation order, as they come (a delta's, the rest of a done's).
+  add(batch) {
+    batch.forEach((score, k) => {
+      const index = this.scores.push(score) - 1;
+      const [block, spelled] = this.route(batch, k);
+      if (block) {
+        this.reasoningIndices.add(index);
+        block.paint(tokenSpan(score, index, "reasoning"), spelled);
+      } else {
+        this.answerIndices.push(index);
+        this.answer.append(tokenSpan(score, index, "answer"));
+      }
+    });
+  }
+
+  // Which reasoning block a score belongs to, and how many bytes of its text it spells:
+  // the scores that spell a block's text, in order, go to it, with the control tokens and
+  // blanks around them that the text leaves out (<think>, a newline, </think>); the first
+  // that does not fit closes the block. When no block is open, it is the answer's.
+  route(batch, k) {
+    const score = batch[k];
+    const bytes = bytesOf(score);
+    const filler = (s) => isSpecial(s.token) || isBlank(s.token);
+    while (this.cursor < this.blocks.length) {
+      const block = this.blocks[this.cursor];
+      if (block.at < block.want.length) {
+        if (block.spells(bytes)) return [block, bytes.length];
+        if (filler(score)) {
+          const next = batch.slice(k + 1).find((s) => !filler(s));
+          if (next && block.spells(bytesOf(next))) return [block, 0];
+        }
+      } else if (filler(score)) {
+        // After the text: what is left of a run of control tokens and blanks that holds
+        // a control token still (the </think> and the newlines before it).
+        let end = k;
+        while (end < batch.length && filler(batch[end])) end++;
+        if (batch.slice(k, end).some((s) => isSpecial(s.token))) return [block, 0];
+      }
+      this.cursor += 1;
+    }
+    return [null, 0];
+  }
+
+  finish() {
+    for (const block of this.blocks) block.finish();
+  }
+
+  answerScores() {
+    return this.answerIndices.map((index) => this.scores[index]);
+  }
 }
 
 // -- a response ------------------------------------------------------------------------------
 
-function meta(response, scores) {
+function meta(response, painter) {
   const usage = response.usage || {};
+  const scores = painter.scores;
   const rows = [
     ["id", response.id],
     ["model", response.model],
@@ -143,44 +388,126 @@ function meta(response, scores) {
     ["scored tokens", scores.length],
     ["perplexity", perplexity(scores)?.toFixed(3) ?? "-"],
   ];
+  if (painter.reasoningIndices.size) {
+    rows.push(["scored reasoning", painter.reasoningIndices.size]);
+    rows.push(["answer perplexity", perplexity(painter.answerScores())?.toFixed(3) ?? "-"]);
+  }
   const list = el("dl");
   for (const [name, value] of rows) list.append(el("dt", { text: name }), el("dd", { id: `meta-${name.replace(/ /g, "-")}`, text: value == null ? "-" : String(value) }));
   return el("aside", { class: "meta" }, el("h2", { text: "Response" }), list);
 }
 
+function toolCall(item) {
+  const text = `${item.namespace ? item.namespace + "." : ""}${item.name}(${item.arguments ?? item.input ?? ""})`;
+  return el("div", { class: "block" }, el("span", { class: "kind", text: "tool call" }), el("div", { class: "unscored tool-call", text }));
+}
+
+const reasoningText = (item) => (item.content || item.summary || []).map((part) => part.text).join("");
+
+// A response's output, painted: reasoning, tool calls and the answer, each apart; the scores
+// of every output_text, in order, split between the reasoning and the answer.
 function outputOf(response) {
   const parts = [];
   const scores = [];
+  let answer = null;
+  let text = "";
+  const painter = new Painter(null);
   for (const item of response.output || []) {
     if (item.type === "message") {
       for (const part of item.content || []) {
         if (part.type !== "output_text") continue;
         if (part.logprobs && part.logprobs.length) {
-          const tokens = el("div", { class: "tokens" });
-          for (const score of part.logprobs) tokens.append(tokenSpan(score, scores.push(score) - 1));
-          parts.push(el("div", {}, el("span", { class: "kind", text: "answer" }), tokens));
+          if (!answer) {
+            answer = { kind: el("span", { class: "kind", text: "answer" }), tokens: el("div", { class: "tokens answer", id: "answer-tokens" }) };
+            parts.push(el("div", { class: "block" }, answer.kind, answer.tokens));
+          }
+          scores.push(...part.logprobs);
+          text += part.text;
         } else {
-          parts.push(el("div", {}, el("span", { class: "kind", text: "answer (no scores: made without include " + LOGPROBS + ")" }), el("div", { class: "unscored", text: part.text })));
+          parts.push(el("div", { class: "block" }, el("span", { class: "kind", text: "answer (no scores: made without include " + LOGPROBS + ")" }), el("div", { class: "unscored", text: part.text })));
         }
       }
     } else if (item.type === "reasoning") {
-      const text = (item.content || item.summary || []).map((part) => part.text).join("");
-      parts.push(el("div", {}, el("span", { class: "kind", text: "reasoning (not scored)" }), el("div", { class: "unscored reasoning", text })));
+      const block = painter.reasoning();
+      block.append(reasoningText(item));
+      parts.push(block.node);
     } else if (item.type === "function_call" || item.type === "custom_tool_call") {
-      const text = `${item.namespace ? item.namespace + "." : ""}${item.name}(${item.arguments ?? item.input ?? ""})`;
-      parts.push(el("div", {}, el("span", { class: "kind", text: "tool call (not scored)" }), el("div", { class: "unscored tool-call", text })));
+      parts.push(toolCall(item));
     }
   }
-  return { parts, scores };
+  painter.answer = answer?.tokens ?? el("div");
+  painter.add(scores);
+  painter.finish();
+  if (answer && !text && painter.answerIndices.length) answer.kind.textContent = "scored tokens outside the answer's text (tool calls)";
+  return { parts, painter };
 }
 
 async function showResponse(id) {
-  const response = await (await api(`/v1/responses/${encodeURIComponent(id)}?include[]=${LOGPROBS}`)).json();
-  const { parts, scores } = outputOf(response);
+  const response = await stored(id);
+  const { parts, painter } = outputOf(response);
   view.replaceChildren(
     el("h1", { text: `Response ${response.id}` }),
-    el("div", { class: "layout" }, el("section", {}, legend(), ...parts, chart(scores)), meta(response, scores)),
+    el(
+      "div",
+      { class: "layout" },
+      el("section", {}, legend(), ...parts, chart(painter.scores, painter.reasoningIndices), leastLikely(painter.scores, painter.answerIndices)),
+      meta(response, painter),
+    ),
   );
+}
+
+// -- two responses, token by token --------------------------------------------------------------
+
+const sameToken = (a, b) => a.token === b.token && bytesOf(a).join() === bytesOf(b).join();
+const chance = (score) => (score ? percent(probability(score.logprob)) : "");
+
+function divergenceSide(name, id, mine, theirs) {
+  const found = (mine.top_logprobs || []).find((alternative) => alternative.token === theirs.token);
+  const other = found ? `; ${found.token === mine.token ? "its own choice" : "the other's token"} ${shown(theirs.token)} was among its alternatives at ${percent(probability(found.logprob))}` : `; the other's token ${shown(theirs.token)} is not among its alternatives`;
+  return el(
+    "div",
+    { class: `side side-${name.toLowerCase()}` },
+    el("h3", { text: `${name}: ${id}` }),
+    el("p", { class: "choice" }, "chose ", el("span", { class: "what", text: shown(mine.token) }), " at ", el("span", { class: "p", text: percent(probability(mine.logprob)) }), el("span", { text: other })),
+    el("div", { class: "alternatives" }, el("div", { class: "card-title", text: `${name}'s alternatives there` }), alternativesTable(mine, theirs.token)),
+  );
+}
+
+async function showCompare(first, second) {
+  const [a, b] = await Promise.all([stored(first), stored(second)]);
+  const [pa, pb] = [a, b].map((response) => outputOf(response).painter);
+  const [sa, sb] = [pa.scores, pb.scores];
+  let same = 0;
+  while (same < sa.length && same < sb.length && sameToken(sa[same], sb[same])) same++;
+  const longest = Math.max(sa.length, sb.length);
+  const diverge = same < longest ? same : null;
+  let summary;
+  if (!sa.length || !sb.length) summary = `${!sa.length ? "A" : "B"} has no scored tokens: made without include ${LOGPROBS}?`;
+  else if (diverge === null) summary = `The two agree on all ${longest} tokens: they do not diverge.`;
+  else if (diverge >= sa.length || diverge >= sb.length) summary = `The two agree on the first ${same} tokens; then ${diverge >= sa.length ? "A" : "B"} ends (A has ${sa.length} tokens, B ${sb.length}).`;
+  else summary = `The two agree on the first ${same} tokens and diverge at token ${diverge + 1}.`;
+  const children = [
+    el("h1", { text: "Two responses, token by token" }),
+    el("p", { class: "ids" }, "A ", el("a", { href: `/ui/responses/${encodeURIComponent(a.id)}`, text: a.id }), ", B ", el("a", { href: `/ui/responses/${encodeURIComponent(b.id)}`, text: b.id })),
+    el("p", { id: "compare-summary", text: summary }),
+  ];
+  if (diverge !== null && diverge < sa.length && diverge < sb.length) {
+    children.push(el("section", { id: "divergence" }, el("h2", { text: `Where they diverge: token ${diverge + 1}` }), el("div", { class: "sides" }, divergenceSide("A", a.id, sa[diverge], sb[diverge]), divergenceSide("B", b.id, sb[diverge], sa[diverge]))));
+  }
+  const rows = [el("tr", {}, ...["#", "A", "p(A)", "B", "p(B)"].map((name) => el("th", { text: name })))];
+  for (let index = 0; index < longest; index++) {
+    const kind = index < same ? "same" : index === diverge ? "diverge" : "after";
+    const cell = (painter, scores) => {
+      if (index >= scores.length) return el("td", { class: "none", text: "(ended)" });
+      const span = tokenSpan(scores[index], index, painter.reasoningIndices.has(index) ? "reasoning" : "answer");
+      span.textContent = shown(scores[index].token); // alone in its cell: blanks made visible
+      return el("td", {}, span);
+    };
+    rows.push(el("tr", { class: kind, "data-index": String(index) }, el("td", { class: "position", text: String(index + 1) }), cell(pa, sa), el("td", { class: "p", text: chance(sa[index]) }), cell(pb, sb), el("td", { class: "p", text: chance(sb[index]) })));
+  }
+  children.push(el("h2", { text: "Aligned by position (the first difference highlighted)" }), el("table", { id: "aligned" }, ...rows));
+  view.replaceChildren(...children);
+  document.querySelector("#aligned tr.diverge")?.scrollIntoView({ block: "nearest" });
 }
 
 // -- the list ----------------------------------------------------------------------------------
@@ -192,39 +519,104 @@ function firstText(response) {
   return "";
 }
 
-async function showList(after = null) {
-  const query = new URLSearchParams({ limit: "20" });
-  if (after) query.set("after", after);
-  const page = await (await api(`/v1/responses?${query}`)).json();
-  const rows = page.data.map((response) =>
-    el(
-      "tr",
-      {},
-      el("td", {}, el("a", { href: `/ui/responses/${encodeURIComponent(response.id)}`, text: response.id })),
-      el("td", { text: new Date(response.created_at * 1000).toLocaleString() }),
-      el("td", { text: response.model }),
-      el("td", { text: response.status }),
-      el("td", { text: String(response.usage?.output_tokens ?? "-") }),
-      el("td", { text: firstText(response).slice(0, 80) }),
-    ),
-  );
-  const table = el("table", {}, el("tr", {}, ...["id", "created", "model", "status", "output tokens", "answer"].map((name) => el("th", { text: name }))), ...rows);
-  const children = [el("h1", { text: "Recent responses" }), page.data.length ? table : el("p", { class: "note", text: "No stored responses for this key yet." })];
-  if (page.has_more) {
-    const more = el("button", { type: "button", text: "Older" });
-    more.addEventListener("click", () => showList(page.last_id).catch(failed));
-    children.push(more);
+// Newest first: by created_at (seconds), then as the API listed them, which orders responses
+// of the same second itself; the pages read so far shown as one list.
+function newestFirst(responses) {
+  return responses.map((response, order) => ({ response, order })).sort((a, b) => b.response.created_at - a.response.created_at || a.order - b.order).map(({ response }) => response);
+}
+
+async function showList() {
+  const listed = [];
+  const picked = [];
+  const body = el("tbody");
+  const compare = el("button", { type: "button", id: "compare", disabled: "", text: "Compare the two picked" });
+  compare.addEventListener("click", () => {
+    if (picked.length === 2) window.location.assign(`/ui/compare/${encodeURIComponent(picked[0])}/${encodeURIComponent(picked[1])}`);
+  });
+  const pick = (id, box) => {
+    const at = picked.indexOf(id);
+    if (at >= 0) picked.splice(at, 1);
+    if (box.checked) picked.push(id);
+    while (picked.length > 2) {
+      const dropped = picked.shift();
+      const other = body.querySelector(`input[data-id="${CSS.escape(dropped)}"]`);
+      if (other) other.checked = false;
+    }
+    if (picked.length === 2) compare.removeAttribute("disabled");
+    else compare.setAttribute("disabled", "");
+  };
+  const more = el("button", { type: "button", text: "Older" });
+  const render = () =>
+    body.replaceChildren(
+      ...newestFirst(listed).map((response) => {
+        const box = el("input", { type: "checkbox", class: "pick", "data-id": response.id, "aria-label": `pick ${response.id} to compare` });
+        box.checked = picked.includes(response.id);
+        box.addEventListener("change", () => pick(response.id, box));
+        return el(
+          "tr",
+          { "data-id": response.id },
+          el("td", {}, box),
+          el("td", {}, el("a", { href: `/ui/responses/${encodeURIComponent(response.id)}`, text: response.id })),
+          el("td", { text: new Date(response.created_at * 1000).toLocaleString() }),
+          el("td", { text: response.model }),
+          el("td", { text: response.status }),
+          el("td", { text: String(response.usage?.output_tokens ?? "-") }),
+          el("td", { text: firstText(response).slice(0, 80) }),
+        );
+      }),
+    );
+  const read = async (after) => {
+    const query = new URLSearchParams({ limit: "20" });
+    if (after) query.set("after", after);
+    const page = await (await api(`/v1/responses?${query}`)).json();
+    listed.push(...page.data);
+    render();
+    more.hidden = !page.has_more;
+    return page;
+  };
+  let page = await read(null);
+  more.addEventListener("click", async () => {
+    try {
+      page = await read(page.last_id);
+    } catch (error) {
+      failed(error);
+    }
+  });
+  if (!listed.length) {
+    view.replaceChildren(el("h1", { text: "Recent responses" }), el("p", { class: "note", text: "No stored responses for this key yet." }));
+    return;
   }
-  view.replaceChildren(...children);
+  const head = el("tr", {}, ...["pick", "id", "created", "model", "status", "output tokens", "answer"].map((name) => el("th", { text: name })));
+  view.replaceChildren(
+    el("h1", { text: "Recent responses" }),
+    el("p", { class: "note", text: "Pick two answers to the same input to compare them token by token." }),
+    el("table", { id: "responses" }, el("thead", {}, head), body),
+    el("div", { class: "actions" }, compare, more),
+  );
 }
 
 // -- live --------------------------------------------------------------------------------------
 
+async function listModels(input, choices, note) {
+  try {
+    const models = (await (await api("/v1/models")).json()).data || [];
+    choices.replaceChildren(...models.map((model) => el("option", { value: String(model.id) })));
+    const ids = models.map((model) => String(model.id));
+    if (ids.length && input.value === "default" && !ids.includes("default")) input.value = ids[0];
+    note.textContent = ids.length ? `${ids.length} model${ids.length === 1 ? "" : "s"} listed by /v1/models` : "";
+  } catch (error) {
+    note.textContent = `no list of models: ${error.message}`;
+  }
+}
+
 function liveForm() {
+  const model = el("input", { name: "model", required: "", value: "default", list: "models", autocomplete: "off" });
+  const choices = el("datalist", { id: "models" });
+  const note = el("span", { class: "hint", id: "models-note" });
   const form = el(
     "form",
     { class: "live", id: "live-form" },
-    el("label", { text: "model" }, el("input", { name: "model", required: "", value: "default" })),
+    el("label", { text: "model" }, model, choices, note),
     el("label", { text: "top_logprobs" }, el("input", { name: "top_logprobs", type: "number", min: "0", max: "20", value: "5" })),
     el("label", { text: "temperature" }, el("input", { name: "temperature", type: "number", min: "0", max: "2", step: "0.1", value: "1" })),
     el("label", { class: "wide", text: "input" }, el("textarea", { name: "input", required: "" })),
@@ -235,9 +627,10 @@ function liveForm() {
     generate(new FormData(form)).catch((error) => status.replaceChildren(el("p", { class: "error", text: error.message })));
   });
   const status = el("div", { id: "live-status" });
-  const tokens = el("div", { class: "tokens", id: "live-tokens" });
+  const output = el("div", { id: "live-output" });
   const below = el("div", { id: "live-after" });
-  view.replaceChildren(el("h1", { text: "Live: a new response, painted as it streams" }), form, legend(), tokens, status, below);
+  view.replaceChildren(el("h1", { text: "Live: a new response, painted as it streams" }), form, legend(), output, status, below);
+  listModels(model, choices, note);
 }
 
 function* sseEvents(buffer) {
@@ -251,10 +644,13 @@ function* sseEvents(buffer) {
 }
 
 async function generate(form) {
-  const tokens = document.getElementById("live-tokens");
+  const output = document.getElementById("live-output");
   const status = document.getElementById("live-status");
   const below = document.getElementById("live-after");
-  tokens.replaceChildren();
+  const tokens = el("div", { class: "tokens answer", id: "live-tokens" });
+  const answerKind = el("span", { class: "kind", text: "answer" });
+  const answer = el("div", { class: "block" }, answerKind, tokens);
+  output.replaceChildren(answer);
   below.replaceChildren();
   status.replaceChildren(el("p", { class: "note", text: "Streaming..." }));
   const body = {
@@ -269,21 +665,50 @@ async function generate(form) {
   const reader = response.body.getReader();
   const decoder = new TextDecoder();
   const buffer = { text: "" };
-  const scores = [];
+  const painter = new Painter(tokens);
+  const reasoning = new Map(); // item id -> its block
+  const received = new Map(); // output_text part -> how many of its scores are painted
+  const take = (part, scores, whole) => {
+    const had = received.get(part) || 0;
+    // A delta's scores are new; a done's list is the part's whole list (rule 3.7), of which
+    // the deltas brought a prefix: what rode on no delta (the last token's, say) is the rest.
+    const fresh = whole ? scores.slice(had) : scores;
+    received.set(part, had + fresh.length);
+    painter.add(fresh);
+  };
   for (;;) {
     const { value, done } = await reader.read();
     if (done) break;
     buffer.text += decoder.decode(value, { stream: true });
     for (const event of sseEvents(buffer)) {
-      if (event.type === "response.output_text.delta") {
-        for (const score of event.logprobs || []) tokens.append(tokenSpan(score, scores.push(score) - 1));
+      const part = `${event.item_id}:${event.content_index}`;
+      if (event.type === "response.output_item.added" && event.item?.type === "reasoning") {
+        const block = painter.reasoning();
+        reasoning.set(event.item.id, block);
+        output.insertBefore(block.node, answer);
+      } else if (event.type === "response.reasoning_text.delta" || event.type === "response.reasoning_summary_text.delta") {
+        reasoning.get(event.item_id)?.append(event.delta);
+      } else if (event.type === "response.output_item.done" && (event.item?.type === "function_call" || event.item?.type === "custom_tool_call")) {
+        output.insertBefore(toolCall(event.item), answer);
+      } else if (event.type === "response.output_text.delta") {
+        take(part, event.logprobs || [], false);
+      } else if (event.type === "response.output_text.done") {
+        take(part, event.logprobs || [], true);
       } else if (event.type === "error") {
         status.replaceChildren(el("p", { class: "error", text: event.message || "the stream failed" }));
       } else if (event.type === "response.completed" || event.type === "response.incomplete" || event.type === "response.failed") {
         const made = event.response;
+        // The final response holds every score (rule 3.7): any still unpainted are added.
+        const all = (made.output || []).filter((item) => item.type === "message").flatMap((item) => (item.content || []).filter((c) => c.type === "output_text").flatMap((c) => c.logprobs || []));
+        if (all.length > painter.scores.length) painter.add(all.slice(painter.scores.length));
+        painter.finish();
+        const text = (made.output || []).filter((item) => item.type === "message").flatMap((item) => (item.content || []).map((c) => c.text || "")).join("");
+        if (!text && painter.answerIndices.length) answerKind.textContent = "scored tokens outside the answer's text (tool calls)";
         const link = made.store ? el("a", { href: `/ui/responses/${encodeURIComponent(made.id)}`, text: "open the stored response" }) : "";
-        status.replaceChildren(el("p", { class: "note", id: "live-done", text: `${made.status}: ${scores.length} tokens, perplexity ${perplexity(scores)?.toFixed(3) ?? "-"}. ` }, link));
-        below.replaceChildren(chart(scores), meta(made, scores));
+        const counted = made.usage?.output_tokens;
+        const usage = counted == null ? "" : ` of the ${counted} output tokens the usage counts`;
+        status.replaceChildren(el("p", { class: "note", id: "live-done", text: `${made.status}: ${painter.scores.length} scored tokens${usage}, perplexity ${perplexity(painter.scores)?.toFixed(3) ?? "-"}. ` }, link));
+        below.replaceChildren(chart(painter.scores, painter.reasoningIndices), leastLikely(painter.scores, painter.answerIndices), meta(made, painter));
       }
     }
   }
@@ -296,6 +721,8 @@ function route() {
   const path = window.location.pathname;
   const one = path.match(/^\/ui\/responses\/([^/]+)$/);
   if (one) return showResponse(decodeURIComponent(one[1]));
+  const two = path.match(/^\/ui\/compare\/([^/]+)\/([^/]+)$/);
+  if (two) return showCompare(decodeURIComponent(two[1]), decodeURIComponent(two[2]));
   if (path === "/ui/live") return liveForm();
   return showList();
 }
