@@ -84,3 +84,7 @@ def setup(format: str, level: str) -> None:
     else:
         handler.setFormatter(TextFormatter())
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    # Below a warning, the MCP client's libraries log every URL a client named and the servers'
+    # session ids (design.md 14.2).
+    for name in ("httpx2", "httpcore2", "mcp"):
+        logging.getLogger(name).setLevel(max(logging.WARNING, logging.getLogger().level))

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, Literal
 
 import orjson
+import pydantic
 import pytest
 import uvicorn
 from aiohttp import web
@@ -25,8 +26,13 @@ from mcp.types import ToolAnnotations
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 READ_ONLY = ToolAnnotations(read_only_hint=True)
+
+
+class Words(pydantic.BaseModel):
+    text: str = pydantic.Field(pattern="^(a+)+$")
+
 DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True)
-TOOL_NAMES = ("add", "echo", "search", "delete_item", "fail", "big", "sleep")
+TOOL_NAMES = ("add", "echo", "search", "delete_item", "fail", "big", "words", "sleep")
 
 
 def search_text(query: str) -> str:
@@ -96,6 +102,12 @@ class ToolServer(_Loopback):
         @server.tool(description="Return size x characters.")
         async def big(size: int) -> str:
             return "x" * size
+
+        @server.tool(description="Words whose output schema has a backtracking pattern.", annotations=READ_ONLY)
+        async def words(n: int) -> Words:
+            # Its output fails the pattern only after trying every way of splitting the a's: a
+            # client that checks it with a backtracking engine takes 2**n steps.
+            return Words.model_construct(text="a" * n + "!")
 
         @server.tool(description="Sleep, then say so.")
         async def sleep(seconds: float) -> str:

@@ -182,7 +182,7 @@ async def test_allowed_tools_limit_what_is_listed_and_offered(
     assert [tool.name for tool in response.output[0].tools] == ["add", "echo"]
     assert [tool["function"]["name"] for tool in upstream.requests[0]["tools"]] == ["calc__add", "calc__echo"]
     response = await sdk.responses.create(model="m", input="hi", tools=[server(tool_server, allowed_tools={"read_only": True})])
-    assert {tool.name for tool in response.output[0].tools} == {"add", "echo", "search"}
+    assert {tool.name for tool in response.output[0].tools} == {"add", "echo", "search", "words"}
 
 
 async def test_a_tool_error_is_the_calls_error_and_the_response_completes(
@@ -336,7 +336,7 @@ async def test_an_unreachable_server_is_a_424(upstream: FakeUpstream, start_prox
 async def test_link_local_metadata_and_loopback_addresses_are_refused_behind_a_wildcard(
     url: str, upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession
 ) -> None:
-    proxy = await start_proxy(config(upstream.url, mcp={"allowed_servers": ["http://*"], "timeout": 2}))
+    proxy = await start_proxy(config(upstream.url, mcp={"allowed_servers": ["http://*", "http://*:*"], "timeout": 2}))
     status, body = await create(http, proxy, {"model": "m", "input": "hi", "tools": [{"type": "mcp", "server_label": "x", "server_url": url}]})
     assert status == 424 and "internal address" in body["error"]["message"], body
 
@@ -487,7 +487,7 @@ async def test_a_conversation_keeps_the_listing_and_the_calls(
     status, first = await create(http, mcp_proxy, {**body, "input": "first"})
     assert status == 200, first
     status, second = await create(http, mcp_proxy, {**body, "input": "second"})
-    assert [item["type"] for item in second["output"]] == ["message"] and tool_server.list_requests == 2  # its own, the call's check
+    assert [item["type"] for item in second["output"]] == ["message"] and tool_server.list_requests == 1
     async with http.get(f"{mcp_proxy}/v1/conversations/{conversation['id']}/items?order=asc") as response:
         items = (await response.json())["data"]
     assert [item["type"] for item in items] == ["message", "mcp_list_tools", "mcp_call", "message", "message", "message"]
@@ -544,3 +544,54 @@ async def test_output_tokens_spent_by_a_tool_round_end_the_response_incomplete(
     response = await sdk.responses.create(model="m", input="echo", tools=[server(tool_server)], max_output_tokens=spent)
     assert response.status == "incomplete" and response.incomplete_details.reason == "max_output_tokens"
     assert response.output[1].output == "x" and len(upstream.requests) == 1  # the call ran; no round was left
+
+
+async def test_an_answer_too_large_as_an_event_stream_is_the_calls_413(upstream: FakeUpstream, tool_server: ToolServer, start_proxy) -> None:
+    """The SDK's server answers a call as an SSE stream: past the budget there too, whatever the SDK makes of it."""
+    url = await start_proxy(config(upstream.url, mcp={"allowed_servers": [tool_server.url], "max_output_bytes": 65536}))
+    upstream.script(Reply(calling("calc__big", '{"size": 200000}')), Reply(answering("too big")))
+    async with openai.AsyncOpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=20) as sdk:
+        response = await sdk.responses.create(model="m", input="big", tools=[server(tool_server)])
+    call = response.output[1]
+    assert call.status == "failed" and (call.error.type, call.error.code) == ("http_error", 413)
+
+
+async def test_a_result_checked_against_a_hostile_output_schema_cannot_hold_the_proxy(
+    upstream: FakeUpstream, tool_server: ToolServer, sdk: openai.AsyncOpenAI
+) -> None:
+    """The SDK's client checks a result against the tool's output schema on the event loop, with a
+    backtracking engine: 2**40 steps here. The proxy sends calls without that check (14.4)."""
+    upstream.script(Reply(calling("calc__words", '{"n": 40}')), Reply(answering("words")))
+    response = await asyncio.wait_for(sdk.responses.create(model="m", input="words", tools=[server(tool_server)]), 15)
+    assert response.output[1].status == "completed" and "a" * 40 + "!" in response.output[1].output
+
+
+@pytest.mark.parametrize(
+    "url",
+    ["https://10.0.0.5:6379/x.example.com/", "https://attacker.net/?.example.com/x", "https://a.b.example.com/mcp", "https://me:pw@a.example.com/mcp"],
+)
+async def test_a_wildcard_entry_admits_its_own_hosts_alone(url: str, upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    proxy = await start_proxy(config(upstream.url, mcp={"allowed_servers": ["https://*.example.com/*"]}))
+    status, body = await create(http, proxy, {"model": "m", "input": "hi", "tools": [{"type": "mcp", "server_label": "x", "server_url": url}]})
+    assert status == 400 and body["error"]["param"] == "tools[0].server_url", body
+
+
+async def test_an_ipv4_address_inside_an_ipv6_one_is_refused_as_its_ipv4_would_be(
+    upstream: FakeUpstream, tool_server: ToolServer, start_proxy, http: aiohttp.ClientSession
+) -> None:
+    port = tool_server.url.split(":")[2].split("/")[0]
+    proxy = await start_proxy(config(upstream.url, mcp={"allowed_servers": ["http://*:*/mcp"], "timeout": 2}))
+    mapped = f"http://[::ffff:127.0.0.1]:{port}/mcp"
+    status, body = await create(http, proxy, {"model": "m", "input": "hi", "tools": [{"type": "mcp", "server_label": "x", "server_url": mapped}]})
+    assert status == 424 and "internal address" in body["error"]["message"], body
+    assert tool_server.headers == []
+
+
+async def test_a_token_count_runs_no_approved_call(upstream: FakeUpstream, tool_server: ToolServer, sdk: openai.AsyncOpenAI) -> None:
+    """Counting tokens, or a turn that generates nothing, runs none of the calls its input approves (14.5)."""
+    tools = [server(tool_server, require_approval="always")]
+    upstream.script(Reply(calling("calc__delete_item", '{"id": "7"}')))
+    asked = await sdk.responses.create(model="m", input="delete 7", tools=tools)
+    approval = {"type": "mcp_approval_response", "approval_request_id": asked.output[-1].id, "approve": True}
+    counted = await sdk.responses.input_tokens.count(model="m", previous_response_id=asked.id, input=[approval], tools=tools)
+    assert counted.input_tokens > 0 and tool_server.calls == []

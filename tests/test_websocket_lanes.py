@@ -15,7 +15,8 @@ from openai.lib.responses_websocket import AsyncResponsesWebSocketSession, Respo
 from openai.types.responses import ResponsesServerEvent
 
 from tests.client import validate_event
-from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score, sglang_error
+from tests.harness import config
 
 LIMITS = ResponsesWebSocketLimits(max_lanes=4, max_events_per_lane=256, max_events=512, max_bytes_per_lane=1 << 22, max_bytes=1 << 23)
 # The SDK's own type of whatever the server sends on its WebSocket, steering's events among them.
@@ -169,3 +170,42 @@ async def test_a_conversations_turn_is_not_steered(upstream: FakeUpstream, proxy
         refused = await until(socket, "response.steer.failed", events)
         await until(socket, "response.completed", events)
     assert refused["error"]["code"] == "steering_not_supported"
+
+
+async def test_a_steer_during_an_mcp_call_lets_it_finish_and_the_model_read_it(
+    upstream: FakeUpstream, tool_server, start_proxy, http: aiohttp.ClientSession
+) -> None:
+    """A steer that comes while the proxy runs the round's calls stops the response only once their
+    results are the next round's: nothing run is lost (8.14, 14.4)."""
+    url = await start_proxy(config(upstream.url, mcp={"allowed_servers": [tool_server.url]}))
+    tool = {"type": "mcp", "server_label": "calc", "server_url": tool_server.url, "require_approval": "never"}
+    call = Generation([Step("tool", '{"seconds": 0.5}', [score("{")], tool_id="call_1", tool_name="calc__sleep"), Step("finish", finish_reason="tool_calls")])
+    upstream.script(Reply(call), slow(words("after", 30)), Reply(words("steered")))
+    async with http.ws_connect(f"{url}/v1/responses") as socket:
+        await socket.send_json({"type": "response.create", "model": "m", "input": "wait", "tools": [tool], "store": False})
+        events: list[dict[str, Any]] = []
+        created = await until(socket, "response.created", events)
+        await until(socket, "response.mcp_call.in_progress", events)
+        await socket.send_json({"type": "response.steer", "previous_response_id": created["response"]["id"], "input": "now this"})
+        stopped = await until(socket, "response.incomplete", events)
+        await until(socket, "response.completed", events)
+    ran = next(item for item in stopped["response"]["output"] if item["type"] == "mcp_call")
+    assert (ran["status"], ran["output"]) == ("completed", "slept")
+    assert stopped["response"]["incomplete_details"] == {"reason": "steered"}
+    assert upstream.requests[1]["messages"][-1] == {"role": "tool", "tool_call_id": ran["id"], "content": "slept"}
+    assert upstream.requests[-1]["messages"][-1] == {"role": "user", "content": "now this"}
+
+
+async def test_a_successor_that_cannot_be_made_returns_the_steers(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(slow(words("long", 30)), sglang_error(503, "overloaded"))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        await socket.send_json({"type": "response.create", "model": "m", "input": "talk", "store": False, "stream_id": "s"})
+        events: list[dict[str, Any]] = []
+        created = await until(socket, "response.created", events)
+        await until(socket, "response.output_text.delta", events)
+        await socket.send_json({"type": "response.steer", "previous_response_id": created["response"]["id"], "input": "shorter"})
+        await until(socket, "response.incomplete", events)
+        failed = await until(socket, "response.steer.failed", events)
+        error = await until(socket, "error", events)
+    assert failed["error"]["code"] == "successor_creation_failed" and failed["steer"]["input"] == "shorter"
+    assert failed["stream_id"] == "s" and error["stream_id"] == "s"

@@ -35,13 +35,14 @@ async def plan(
     keep_here: Callable[[StoredResponse], None] | None = None,
     *,
     writes: bool = True,
+    runs: bool = True,
 ) -> Turn:
     """A Responses call planned by the turn layer (`plan_turn`), its route a metrics label from
     the moment it is known."""
     runtime = request.app[RUNTIME]
     call = routed(runtime, data)
     request[MODEL_PATTERN] = call.target.pattern
-    return await plan_turn(runtime, caller_of(request), call, kept, keep_here, writes=writes)
+    return await plan_turn(runtime, caller_of(request), call, kept, keep_here, writes=writes, runs=runs)
 
 
 def store_of(request: web.Request) -> ResponseStore:

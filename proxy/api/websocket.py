@@ -65,7 +65,9 @@ class _Lane:
     __slots__ = ("frames", "task")
 
     def __init__(self) -> None:
-        self.frames: deque[tuple[Any, int]] = deque()  # a frame (or why it is none), and its size
+        # Each frame as it came (its JSON read again when its turn comes: parsed, a frame takes
+        # many times its size, 8.9), or why it is none, and its size.
+        self.frames: deque[tuple[bytes | ProxyError, int]] = deque()
         self.task: asyncio.Task[None] | None = None
 
 
@@ -77,7 +79,11 @@ class _Running:
 
     def __init__(self, lane: str | None, body: dict[str, Any], steerable: bool) -> None:
         self.lane, self.body, self.steerable = lane, body, steerable
-        self.steers: list[tuple[str, list[dict[str, Any]], Any]] = []  # id, its messages, as sent
+        self.steers: list[Steer] = []
+
+
+# A steer held: its id, the messages it adds, its input as sent, and the bytes its frame took.
+Steer = tuple[str, list[dict[str, Any]], Any, int]
 
 
 class Steered(Exception):
@@ -92,7 +98,8 @@ class _Connection:
         self._lanes: dict[str | None, _Lane] = {}
         self._running: dict[str, _Running] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()  # responses that ended here, the last few
-        self._waiting_for_client: dict[str, list[tuple[str, list[dict[str, Any]], Any]]] = {}
+        # The steers of responses that stopped for their client, the last few (8.14).
+        self._waiting_for_client: OrderedDict[str, list[Steer]] = OrderedDict()
         self._steer_events = 0  # the sequence numbers of the connection's own events (steering's)
 
     async def serve(self) -> None:
@@ -145,16 +152,18 @@ class _Connection:
         """A frame read: a steer taken at once (its turn is running), any other queued on its
         lane; False where the frames waiting are past the bound (design.md 8.9)."""
         size = sys.getsizeof(raw)
+        data = raw.encode() if isinstance(raw, str) else raw
+        queued: bytes | ProxyError = data
         try:
-            frame = load_json(raw.encode() if isinstance(raw, str) else raw, self._config().requests.max_depth)
+            frame = load_json(data, self._config().requests.max_depth)
         except ProxyError as error:
-            frame = error  # answered in its turn, on the lane of frames that name none
+            frame = queued = error  # answered in its turn, on the lane of frames that name none
         lane = frame.get("stream_id") if isinstance(frame, dict) else None
         if isinstance(frame, dict) and frame.get("type") == "response.steer":
-            await self.steer(frame)
+            await self.steer(frame, size, most_bytes)
             return True
         if lane is not None and not (isinstance(lane, str) and _LANE.fullmatch(lane)):
-            frame, lane = (
+            queued, lane = (
                 InvalidRequest("'stream_id' is 1 to 256 letters, digits, '_', '-' or '.'.", param="stream_id"),
                 None,
             )
@@ -163,7 +172,7 @@ class _Connection:
         if self._waiting > most or (self._queued > most_bytes and self._waiting > 1):
             await self.overflowed()
             return False
-        self._lanes.setdefault(lane, _Lane()).frames.append((frame, size))
+        self._lanes.setdefault(lane, _Lane()).frames.append((queued, size))
         return True
 
     def _start_turns(self, most: int) -> None:
@@ -186,13 +195,16 @@ class _Connection:
         while len(self._kept) > _KEPT:
             self._kept.popitem(last=False)
 
-    async def turn(self, frame: Any, lane: str | None) -> None:
+    async def turn(self, raw: bytes | ProxyError, lane: str | None) -> None:
         """One `response.create` frame: its events (and its successors', where it was steered),
         or an `error` frame (the connection stays)."""
         request = self._request
+        steers: list[Steer] = []
+        body: dict[str, Any] = {}
         try:
-            if isinstance(frame, ProxyError):
-                raise frame
+            if isinstance(raw, ProxyError):
+                raise raw
+            frame = load_json(raw, self._config().requests.max_depth)
             if not isinstance(frame, dict) or frame.get("type") != "response.create":
                 raise InvalidRequest("Send `response.create` frames (or `response.steer`).", param="type")
             body = {key: value for key, value in frame.items() if key not in ("type", "generate", "stream_id")}
@@ -202,14 +214,19 @@ class _Connection:
             if steers:  # queued while the response ran: after the outputs it waited for (8.14)
                 own = body.get("input") or []
                 own = [{"type": "message", "role": "user", "content": own}] if isinstance(own, str) else own
-                body["input"] = [*own, *(message for _, messages, _ in steers for message in messages)]
-            next_body: dict[str, Any] | None = body
+                body["input"] = [*own, *(message for _, messages, _, _ in steers for message in messages)]
+            following: tuple[dict[str, Any], list[Steer]] | None = (body, steers)
             generate = frame.get("generate")
-            while next_body is not None:
-                next_body = await self._respond(next_body, generate, lane)
+            while following is not None:
+                body, steers = following
+                following = await self._respond(body, generate, lane)
                 generate = None
         except ProxyError as error:
             log_failure(error, f"{request.method} {request.path}", request[REQUEST_ID])
+            # The steers this turn carried were never committed: returned (8.14).
+            refused = SteerRefused("successor_creation_failed", "The response that takes the input was not made.")
+            for steer_id, _, sent, _ in steers:
+                await self._send(steering.failed(refused, body.get("previous_response_id") or "", sent, steer_id), lane)
             await self._send_error(error.for_client(request[REQUEST_ID]), lane)
         except ClientGone:
             if request.transport is not None:
@@ -218,9 +235,14 @@ class _Connection:
             log.exception("a WebSocket turn failed", extra={"request_id": request[REQUEST_ID]})
             await self._send_error(ProxyError(f"internal error; request id {request[REQUEST_ID]}"), lane)
 
-    async def _respond(self, body: dict[str, Any], generate: Any, lane: str | None) -> dict[str, Any] | None:
-        """One turn planned and run; the body of its successor, where steers wait for one."""
-        turn = await plan(self._request, {**body, "stream": True}, self._kept, self._keep_here)
+    async def _respond(
+        self, body: dict[str, Any], generate: Any, lane: str | None
+    ) -> tuple[dict[str, Any], list[Steer]] | None:
+        """One turn planned and run; its successor's body and the steers it takes, where steers
+        wait for one."""
+        turn = await plan(
+            self._request, {**body, "stream": True}, self._kept, self._keep_here, runs=generate is not False
+        )
         try:
             if generate is False:
                 await self._prepared(turn, lane)
@@ -232,7 +254,9 @@ class _Connection:
             await turn.release()
         return None
 
-    async def _generated(self, turn: Turn, body: dict[str, Any], lane: str | None) -> dict[str, Any] | None:
+    async def _generated(
+        self, turn: Turn, body: dict[str, Any], lane: str | None
+    ) -> tuple[dict[str, Any], list[Steer]] | None:
         started = time.monotonic()
         translator = turn.translator()
         id = translator.progress()["id"]
@@ -254,23 +278,25 @@ class _Connection:
                     raise
                 # An error clients act on from the event (design.md 8.7): a stream of its own.
                 await sink.write(translator.start() + translator.fail(error))
-        finally:
+        finally:  # a turn cancelled (its connection going) forgets its steers with it
             del self._running[id]
             self._ended[id] = None
             while len(self._ended) > _KEPT * 4:
                 self._ended.popitem(last=False)
-            if running.steers and translator.response is None:  # it ended in no response
-                refused = SteerRefused("response_not_active", "The response ended before it took the input.")
-                for steer_id, _, sent in running.steers:
-                    await self._send(steering.failed(refused, id, sent, steer_id), lane)
-                running.steers.clear()
+        if running.steers and translator.response is None:  # it ended in no response
+            refused = SteerRefused("response_not_active", "The response ended before it took the input.")
+            for steer_id, _, sent, _ in running.steers:
+                await self._send(steering.failed(refused, id, sent, steer_id), lane)
+            running.steers.clear()
         log_failure(translator.error, f"{self._request.method} {self._request.path}", self._request[REQUEST_ID])
         if translator.response is not None:
             turn.answered(translator.response, started, None)
         response = translator.response
         return await self._successor(response, running, id) if running.steers and response is not None else None
 
-    async def _successor(self, response: dict[str, Any], running: _Running, id: str) -> dict[str, Any] | None:
+    async def _successor(
+        self, response: dict[str, Any], running: _Running, id: str
+    ) -> tuple[dict[str, Any], list[Steer]] | None:
         """What follows a response that took steers (design.md 8.14): a successor that
         continues it with their input, inheriting its settings; where it stopped for its client's
         tool output or approval, nothing yet: the steers wait for the client's next create on it
@@ -278,21 +304,26 @@ class _Connection:
         owed = steering.required_input(response["output"]) if response["status"] == "completed" else []
         if owed:
             self._waiting_for_client[id] = running.steers
-            for steer_id, _, _ in running.steers:
+            while len(self._waiting_for_client) > _KEPT:  # the oldest are returned
+                gone, steers = self._waiting_for_client.popitem(last=False)
+                refused = SteerRefused("response_not_active", "The response waited too long for its continuation.")
+                for steer_id, _, sent, _ in steers:
+                    await self._send(steering.failed(refused, gone, sent, steer_id), None)
+            for steer_id, _, _, _ in running.steers:
                 await self._send(steering.pending(steer_id, id, owed), running.lane)
             return None
         if response["status"] == "failed":
             refused = SteerRefused("successor_creation_failed", "The response failed: its successor was not made.")
-            for steer_id, _, sent in running.steers:
+            for steer_id, _, sent, _ in running.steers:
                 await self._send(steering.failed(refused, id, sent, steer_id), running.lane)
             return None
-        messages = [message for _, queued, _ in running.steers for message in queued]
-        return {**running.body, "previous_response_id": id, "input": messages}
+        messages = [message for _, queued, _, _ in running.steers for message in queued]
+        return {**running.body, "previous_response_id": id, "input": messages}, running.steers
 
-    async def steer(self, frame: dict[str, Any]) -> None:
+    async def steer(self, frame: dict[str, Any], size: int, most_bytes: int) -> None:
         """A `response.steer` frame: its input queued on the response it names, running on this
         connection, and `response.steer.accepted`; or `response.steer.failed` with the input
-        returned (design.md 8.14)."""
+        returned (design.md 8.14). The steers a connection holds take at most `most_bytes`."""
         target, sent = frame.get("previous_response_id"), frame.get("input")
         running = self._running.get(target) if isinstance(target, str) else None
         try:
@@ -310,14 +341,18 @@ class _Connection:
                 raise SteerRefused(
                     "steering_not_supported", "A conversation's or a compacting response is not steered."
                 )
-            if len(running.steers) >= _MAX_STEERS:
-                raise SteerRefused("too_many_pending_steers", f"A response holds at most {_MAX_STEERS} steers.")
+            held = sum(steer[3] for steers in self._held() for steer in steers)
+            if len(running.steers) >= _MAX_STEERS or held + size > most_bytes:
+                raise SteerRefused("too_many_pending_steers", "This response, or this connection, holds all it may.")
         except SteerRefused as refused:
             await self._send(steering.failed(refused, str(target), sent), running.lane if running else None)
             return
         steer_id = new_id("steer")
-        running.steers.append((steer_id, messages, sent))
+        running.steers.append((steer_id, messages, sent, size))
         await self._send(steering.accepted(steer_id, target), running.lane)  # type: ignore[arg-type]
+
+    def _held(self) -> list[list[Steer]]:
+        return [running.steers for running in self._running.values()] + list(self._waiting_for_client.values())
 
     async def _prepared(self, turn: Turn, lane: str | None) -> None:
         """`generate: false`: the request's state kept without output, for a later turn to
@@ -346,7 +381,17 @@ class _Connection:
         self._steer_events += 1
         if lane is not None:
             event["stream_id"] = lane
-        await self._socket.send_str(orjson.dumps(event).decode())
+        await self._frame(orjson.dumps(event).decode())
+
+    async def _frame(self, text: str) -> None:
+        """A frame of the connection's own, let go as a stream's are where the client takes
+        nothing (4.12)."""
+        idle = max(upstream.timeouts.client_idle for upstream in self._config().upstreams)
+        try:
+            async with asyncio.timeout(idle):
+                await self._socket.send_str(text)
+        except TimeoutError:
+            raise ClientGone("the client took nothing for client_idle") from None
 
     async def overflowed(self) -> None:
         """More frames came while turns ran than the connection may queue (design.md 8.9):
@@ -367,7 +412,7 @@ class _Connection:
         frame = {"type": "error", "status": error.status, **error.envelope()}
         if lane is not None:
             frame["stream_id"] = lane
-        await self._socket.send_str(orjson.dumps(frame).decode())
+        await self._frame(orjson.dumps(frame).decode())
 
 
 class ClientGone(Exception):
@@ -390,5 +435,11 @@ class _SocketSink:
             await self._turn.keep(self._translator.response)
         await self._connection.send_events(events, self._turn, self._running.lane)
         translator = self._translator
-        if self._running.steers and translator.response is None and not translator.calling:
+        # Not between rounds: the round's calls have run, and their results go to the next one.
+        if (
+            self._running.steers
+            and translator.response is None
+            and not translator.calling
+            and not translator.round_over
+        ):
             raise Steered

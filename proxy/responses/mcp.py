@@ -180,7 +180,10 @@ REDACTED = "<redacted>"
 
 
 def tool_message(output: str | None, error: Any) -> str:
-    """What the model reads of a call: its output, or what went wrong (design.md 14.4)."""
+    """What the model reads of a call: its output, or what went wrong, or that it did not run
+    (design.md 14.4)."""
+    if error is None and output is None:
+        return "The call was not run: the response's max_tool_calls was reached, or it was stopped."
     if error is None:
         return output or ""
     return "The tool call failed: " + orjson.dumps(error).decode()

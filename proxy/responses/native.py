@@ -128,8 +128,8 @@ def client_runs(tool: Any) -> str | None:
 def opened(kind: str, id: str, call_id: str) -> dict[str, Any]:
     """The item of a call as the model begins it: its action known once the call is whole."""
     fields = {"id": id, "type": ITEMS[kind], "call_id": call_id, "status": "in_progress"}
-    if kind == "apply_patch":
-        return {**fields, "operation": {}}
+    if kind == "apply_patch":  # an operation of the SDK's type until the call's own is known
+        return {**fields, "operation": {"type": "create_file", "path": "", "diff": ""}}
     return {
         **fields,
         "action": {"type": "exec", "command": [], "env": {}} if kind == "local_shell" else {"commands": []},

@@ -382,7 +382,8 @@ class _Conversation:
         elif isinstance(item, AgentMessage):
             self._agent_message(item)
         elif isinstance(item, NATIVE_CALLS):
-            self._tool_call(item.call_id, *chat_call(item))
+            kind, arguments = chat_call(item)
+            self._tool_call(item.call_id, table.native(kind) or kind, arguments)
         elif isinstance(item, NATIVE_OUTPUTS):
             call_id, said = chat_output(item)
             self._add({"role": "tool", "tool_call_id": call_id, "content": said}, tool=True)

@@ -15,6 +15,7 @@ _OWED = {
     "shell_call": "shell_call_output",
     "apply_patch_call": "apply_patch_call_output",
     "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
 }
 
 

@@ -96,8 +96,9 @@ class ResponseTranslator:
     @property
     def calling(self) -> bool:
         """Whether the model is amid a tool call: no boundary to stop a steered turn at (8.14)."""
+        current = self._current
         return isinstance(self._generating, ToolCall) or (
-            self._current is not None and "call" in self._current.item["type"]
+            current is not None and current.item["type"] not in ("reasoning", "message")
         )
 
     @property
@@ -420,8 +421,9 @@ class ResponseTranslator:
         self._close(message, status)
 
     def _close(self, item: OpenItem, status: str) -> None:
-        if item.item["type"] != "mcp_approval_request":  # the one item without a status
-            item.item["status"] = status
+        kind = item.item["type"]
+        if kind != "mcp_approval_request":  # the one item without a status; a patch's never says incomplete
+            item.item["status"] = "in_progress" if kind == "apply_patch_call" and status == "incomplete" else status
         self._events.emit("response.output_item.done", output_index=item.index, item=item.item)
 
     def _close_all(self, cut: OpenItem | ToolCall | None, default: str) -> None:

@@ -9,7 +9,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..errors import InvalidRequest
+from ..errors import InvalidRequest, McpUnavailable
 from ..responses.lifecycle import new_id
 from ..responses.mcp import (
     Builtin,
@@ -29,10 +29,13 @@ from ..upstream.mcp import Endpoint, McpFailure, McpServers
 Outcome = tuple[str | None, dict[str, Any] | None]
 
 
-async def prepare(mcp: McpServers, owner: str, request: CreateResponse) -> tuple[Servers, dict[str, Endpoint]]:
+async def prepare(
+    mcp: McpServers, owner: str, request: CreateResponse, *, runs: bool = True
+) -> tuple[Servers, dict[str, Endpoint]]:
     """The request's MCP servers, by label, and what planning takes of them: a server outside
     the policy is a 400 before any is contacted (14.1); one that cannot list its tools a 424
-    (14.3); the calls the request approves run, each once (14.5)."""
+    (14.3); the calls the request approves run, each once (14.5), where the turn `runs` (a token
+    count or a turn that generates nothing runs none)."""
     servers: dict[str, tuple[McpTool, Endpoint]] = {}
     builtins: dict[str, Builtin] = {}
     endpoints: dict[str, Endpoint] = {}
@@ -53,7 +56,12 @@ async def prepare(mcp: McpServers, owner: str, request: CreateResponse) -> tuple
     # Listed in its history: the last listing of each server that did not fail.
     known = {item.server_label: item.tools for item in items if isinstance(item, McpListTools) and item.error is None}
     unlisted = [label for label in servers if label not in known]
-    found = await asyncio.gather(*(mcp.list_tools(servers[label][1], owner) for label in unlisted))
+    try:  # one listing that fails lets go of the others
+        async with asyncio.TaskGroup() as listing:
+            tasks = [listing.create_task(mcp.list_tools(servers[label][1], owner)) for label in unlisted]
+    except* McpUnavailable as failed:
+        raise failed.exceptions[0] from None
+    found = [task.result() for task in tasks]
     known |= {label: offered(servers[label][0], listed) for label, listed in zip(unlisted, found, strict=True)}
     listings = [
         {"id": new_id("mcpl"), "type": "mcp_list_tools", "server_label": label, "tools": known[label]}
@@ -61,16 +69,18 @@ async def prepare(mcp: McpServers, owner: str, request: CreateResponse) -> tuple
     ]
     tools = {label: offered(tool, known[label]) for label, (tool, _) in servers.items()}
     endpoints |= {label: endpoint for label, (_, endpoint) in servers.items()}
-    answers, calls = await _approved(mcp, owner, items, endpoints)
+    cap = request.max_tool_calls or mcp.config.max_tool_calls
+    answers, calls = await _approved(mcp, owner, items, endpoints, cap) if runs else ({}, [])
     return Servers(tools, answers, [*listings, *calls], builtins), endpoints
 
 
 async def _approved(
-    mcp: McpServers, owner: str, items: Sequence[Any], endpoints: Mapping[str, Endpoint]
+    mcp: McpServers, owner: str, items: Sequence[Any], endpoints: Mapping[str, Endpoint], cap: int
 ) -> tuple[dict[str, str], list[dict[str, Any]]]:
     """The tool message of each approval the request gives, and the `mcp_call` items of the
-    calls it approved, run now; an approval that a call in the history ran already is not run
-    again (a client that sends its whole history back sends it every turn)."""
+    calls it approved, run now, up to the Response's `max_tool_calls` (those past it are not run,
+    and the model is told); an approval that a call in the history ran already is not run again
+    (a client that sends its whole history back sends it every turn)."""
     asked = {item.id: item for item in items if isinstance(item, McpApprovalRequest)}
     done = {item.approval_request_id for item in items if isinstance(item, McpCall) and item.approval_request_id}
     answers: dict[str, str] = {}
@@ -84,8 +94,10 @@ async def _approved(
                 f"No mcp_approval_request '{item.approval_request_id}' of a server in 'tools' to approve.",
                 param="input",
             )
-        if item.approve:
+        if item.approve and len(approved) < cap:
             approved.append(request)
+        elif item.approve:
+            answers[request.id] = tool_message(None, None)
         else:
             answers[request.id] = "The user declined to run this call." + (f" {item.reason}" if item.reason else "")
     outcomes = await asyncio.gather(

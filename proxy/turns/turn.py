@@ -192,10 +192,12 @@ async def plan_turn(
     keep_here: Callable[[StoredResponse], None] | None = None,
     *,
     writes: bool = True,
+    runs: bool = True,
 ) -> Turn:
     """Read the history and plan a routed call. `kept` and `keep_here`: the responses of a
     WebSocket connection, read as history and added to (design.md 8.9). A call that `writes`
-    (its response ends a turn) holds its conversation until `Turn.release`."""
+    (its response ends a turn) holds its conversation until `Turn.release`; one that `runs`
+    (it generates) runs the MCP calls its request approves (14.5)."""
     data, parsed, fields, target, client = request.data, request.parsed, request.unknown, request.target, request.client
     store = runtime.store
     # Held before it is read, so that a turn ending meanwhile is in what this one reads (9.7).
@@ -203,7 +205,7 @@ async def plan_turn(
     try:
         past = await read_history(store, caller.owner, parsed, kept)
         stored = store is not None and parsed.store is not False
-        servers, endpoints = await prepare(runtime.mcp, caller.owner, past.request)
+        servers, endpoints = await prepare(runtime.mcp, caller.owner, past.request, runs=runs and writes)
         settings = translation_settings(target, runtime.sealer)
         call = plan_call(past.request, settings, stored=stored, servers=servers)
         _note_ignored(runtime, [*(f"field:{name}" for name in fields), *call.ignored])

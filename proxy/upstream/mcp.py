@@ -10,6 +10,7 @@ import contextlib
 import fnmatch
 import ipaddress
 import logging
+import re
 import socket
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -17,12 +18,15 @@ from pathlib import Path
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
+import httpcore2
 import httpx2
+import mcp_types as types
 import orjson
 from mcp import Client
 from mcp.client.sse import sse_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
+from mcp_types import HEADER_MISMATCH
 
 from ..config import HostedTool, Mcp, McpServer
 from ..errors import InvalidRequest, McpUnavailable
@@ -35,6 +39,7 @@ T = TypeVar("T")
 # Addresses a server named by a client may have only where the operator named its host outright:
 # the proxy's own host, and the cloud metadata services (design.md 14.1).
 _METADATA = {ipaddress.ip_address(address) for address in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")}
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _GLOB = set("*?[")
 
 
@@ -48,6 +53,17 @@ class Endpoint:
     # Whether it may be on a loopback, link-local or metadata address: the operator named it.
     internal: bool
     description: str | None = None
+    token_file: str | None = None  # a bearer token read at each connection: a rotated secret applies at once
+
+    def request_headers(self) -> dict[str, str]:
+        """Its headers as a connection sends them; an unreadable token file fails the operation."""
+        if self.token_file is None:
+            return dict(self.headers)
+        try:
+            token = Path(self.token_file).read_text().strip()
+        except OSError:
+            raise McpFailure(_http_error(401, "The operator's credential for this server cannot be read.")) from None
+        return {**self.headers, "Authorization": f"Bearer {token}"}
 
 
 class McpFailure(Exception):
@@ -80,8 +96,8 @@ class McpServers:
                 )
             return self.operator_endpoint(server, tool)
         url = tool.server_url
-        allowed = [pattern for pattern in self.config.allowed_servers if fnmatch.fnmatchcase(url, pattern)]
-        if not allowed or urlsplit(url).scheme not in ("http", "https"):
+        allowed = [pattern for pattern in self.config.allowed_servers if _allows(pattern, url)]
+        if not allowed:
             raise InvalidRequest(
                 f"The MCP server '{url}' is not one this proxy's operator allows (mcp.allowed_servers).",
                 param=f"tools[{index}].server_url",
@@ -99,13 +115,10 @@ class McpServers:
 
     def operator_endpoint(self, server: McpServer, tool: McpTool | None = None) -> Endpoint:
         headers = {**(_client_headers(tool) if tool is not None else {}), **server.headers}
-        token = server.authorization
-        if server.authorization_file:  # read at each connection, so that a rotated secret applies at once
-            token = Path(server.authorization_file).read_text().strip()
-        if token:
-            headers["Authorization"] = f"Bearer {token}"
+        if server.authorization:
+            headers["Authorization"] = f"Bearer {server.authorization}"
         description = (tool.server_description if tool is not None else None) or server.description
-        return Endpoint(server.server_label, server.url, headers, True, description)
+        return Endpoint(server.server_label, server.url, headers, True, description, server.authorization_file)
 
     async def list_tools(self, endpoint: Endpoint, owner: str) -> list[dict[str, Any]]:
         """The server's tools, as an `mcp_list_tools` item lists them; a server that cannot list
@@ -113,8 +126,8 @@ class McpServers:
 
         async def every_page(client: Client) -> list[Any]:
             tools, cursor = [], None
-            while True:
-                page = await client.list_tools(cursor=cursor)
+            while True:  # the pages' bytes are one answer's, within max_output_bytes (14.7)
+                page = await client.list_tools(cursor=cursor, cache_mode="bypass")
                 tools += page.tools
                 cursor = page.next_cursor
                 if cursor is None:
@@ -136,7 +149,21 @@ class McpServers:
             raise McpFailure(_protocol_error(-32602, f"The arguments are not JSON: {exc}")) from None
         if not isinstance(parsed, dict):
             raise McpFailure(_protocol_error(-32602, "The arguments are not a JSON object."))
-        result = await self._run(endpoint, owner, lambda client: client.call_tool(name, parsed))
+        request = types.CallToolRequest(params=types.CallToolRequestParams(name=name, arguments=parsed))
+
+        async def calling(client: Client) -> types.CallToolResult:
+            # Sent by the session, not `Client.call_tool`: that one lists the tools again to check
+            # the result against the tool's output schema, on the event loop, where a hostile
+            # server's schema (a backtracking pattern) could hold it for minutes (design.md 14.4).
+            try:
+                return await client.session.send_request(request, types.CallToolResult)
+            except MCPError as error:
+                if error.code != HEADER_MISMATCH:
+                    raise
+            await client.list_tools(cache_mode="bypass")  # the tool's headers, as a 2026-07-28 server wants
+            return await client.session.send_request(request, types.CallToolResult)
+
+        result = await self._run(endpoint, owner, calling)
         if result.is_error:
             content = [block.model_dump(mode="json", by_alias=True, exclude_none=True) for block in result.content]
             raise McpFailure({"type": "mcp_tool_execution_error", "content": content})
@@ -153,29 +180,35 @@ class McpServers:
         refuses streamable HTTP's first POST (design.md 14.1); every way it can fail an
         `McpFailure`."""
         config = self.config
-        async with self._per_key.slot(owner):  # design.md 14.7
-            try:
-                async with asyncio.timeout(config.timeout):
-                    try:
-                        return await _connected(endpoint, config, operation, sse=False)
-                    except Exception as exc:
-                        if not isinstance(_leaf(exc), _NotStreamable):
-                            raise
-                    return await _connected(endpoint, config, operation, sse=True)
-            except McpFailure:
-                raise
-            except TimeoutError:
+        # What the server sends in all, over every request of the operation (its pages, a
+        # reconnected stream): what a hostile one can cost (14.7).
+        budget = _Budget(config.max_output_bytes)
+        try:
+            async with asyncio.timeout(config.timeout), self._per_key.slot(owner):  # design.md 14.7
+                try:
+                    return await _connected(endpoint, config, budget, operation, sse=False)
+                except Exception as exc:
+                    if not isinstance(_leaf(exc), _NotStreamable):
+                        raise
+                return await _connected(endpoint, config, budget, operation, sse=True)
+        except Exception as exc:  # the SDK's, httpx's and the server's failures, often grouped
+            if budget.left < 0:  # whatever the SDK made of it
+                raise McpFailure(_too_large()) from None
+            if isinstance(_leaf(exc), TimeoutError):
                 raise McpFailure(
                     _http_error(504, f"The MCP server did not answer within {config.timeout:g} s.")
                 ) from None
-            except Exception as exc:  # the SDK's, httpx's and the server's failures, often grouped
-                raise McpFailure(_failure(exc)) from None
+            raise McpFailure(_failure(exc)) from None
 
 
-async def _connected(endpoint: Endpoint, config: Mcp, operation: Callable[[Client], Awaitable[T]], sse: bool) -> T:
-    def http(headers: Any = None, timeout: Any = None, auth: Any = None) -> httpx2.AsyncClient:
-        guarded = _Guarded(endpoint.internal, config.max_output_bytes, streamable=not sse)
-        return httpx2.AsyncClient(headers=dict(endpoint.headers), timeout=config.timeout, transport=guarded)
+async def _connected(
+    endpoint: Endpoint, config: Mcp, budget: _Budget, operation: Callable[[Client], Awaitable[T]], sse: bool
+) -> T:
+    headers = endpoint.request_headers()
+
+    def http(*_: Any, **__: Any) -> httpx2.AsyncClient:
+        guarded = _Guarded(endpoint.internal, budget, streamable=not sse)
+        return httpx2.AsyncClient(headers=headers, timeout=config.timeout, transport=guarded)
 
     transport = sse_client(endpoint.url, httpx_client_factory=http) if sse else _streamable(endpoint.url, http())
     async with Client(transport, cache=None) as client:
@@ -244,33 +277,45 @@ def _failure(exc: BaseException) -> dict[str, Any]:
 _TLS = httpx2.create_ssl_context()
 
 
-class _Guarded(httpx2.AsyncBaseTransport):
-    """Every HTTP request of an MCP connection: to no internal address unless the operator named
-    it, no redirect followed, no answer past the size limit (design.md 14.1, 14.7)."""
+class _Budget:
+    """The bytes an operation's answers may still take."""
 
-    def __init__(self, internal: bool, max_bytes: int, streamable: bool) -> None:
+    __slots__ = ("left",)
+
+    def __init__(self, most: int) -> None:
+        self.left = most
+
+
+class _Guarded(httpx2.AsyncBaseTransport):
+    """Every HTTP request of an MCP connection: connected to no internal address unless the
+    operator named it (checked at the connection, on the address it connects to), no redirect
+    followed, no answer past the operation's budget (design.md 14.1, 14.7)."""
+
+    def __init__(self, internal: bool, budget: _Budget, streamable: bool) -> None:
         self._inner = httpx2.AsyncHTTPTransport(verify=_TLS)
-        self._internal = internal
-        self._max_bytes = max_bytes
-        self._streamable = streamable
+        if not internal:  # its pool connects through the check
+            self._inner._pool = httpcore2.AsyncConnectionPool(ssl_context=_TLS, network_backend=_Checked())
+        self._budget = budget
+        self._first_post = streamable  # only the first POST's refusal says "not streamable HTTP"
 
     async def handle_async_request(self, request: httpx2.Request) -> httpx2.Response:
-        if not self._internal:
-            await _refuse_internal(request.url.host, request.url.port)
         response = await self._inner.handle_async_request(request)
-        if self._streamable and request.method == "POST" and response.status_code in (404, 405):
-            await response.aclose()
-            raise _NotStreamable
+        if request.method == "POST" and self._first_post:
+            self._first_post = False
+            if response.status_code in (404, 405):
+                await response.aclose()
+                raise _NotStreamable
         if response.is_redirect:
             await response.aclose()
             raise McpFailure(
                 _http_error(response.status_code, "The MCP server answered with a redirect, which is not followed.")
             )
         declared = response.headers.get("content-length")
-        if declared is not None and declared.isdigit() and int(declared) > self._max_bytes:
+        if declared is not None and declared.isdigit() and int(declared) > self._budget.left:
             await response.aclose()
+            self._budget.left = -1
             raise McpFailure(_too_large())
-        response.stream = _Capped(response.stream, self._max_bytes)
+        response.stream = _Capped(response.stream, self._budget)
         return response
 
     async def aclose(self) -> None:
@@ -282,13 +327,13 @@ class _NotStreamable(Exception):
 
 
 class _Capped(httpx2.AsyncByteStream):
-    def __init__(self, stream: Any, max_bytes: int) -> None:
-        self._stream, self._left = stream, max_bytes
+    def __init__(self, stream: Any, budget: _Budget) -> None:
+        self._stream, self._budget = stream, budget
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self._stream:
-            self._left -= len(chunk)
-            if self._left < 0:
+            self._budget.left -= len(chunk)
+            if self._budget.left < 0:
                 raise McpFailure(_too_large())
             yield chunk
 
@@ -296,19 +341,67 @@ class _Capped(httpx2.AsyncByteStream):
         await self._stream.aclose()
 
 
-def _too_large() -> dict[str, Any]:
-    return _http_error(413, "The MCP server's answer is larger than the proxy takes (mcp.max_output_bytes).")
+class _Checked(httpcore2.AsyncNetworkBackend):
+    """Connections made to an address checked once: the name resolved here is the address
+    connected to, so that a second answer of its DNS (rebinding) cannot point elsewhere."""
 
+    def __init__(self) -> None:
+        self._inner = httpcore2.AnyIOBackend()
 
-async def _refuse_internal(host: str, port: int | None) -> None:
-    """A host that is, or resolves to, a loopback, link-local or metadata address is refused."""
-    try:
-        found = await asyncio.get_running_loop().getaddrinfo(host, port or 443, type=socket.SOCK_STREAM)
-    except OSError:
-        return  # the connection fails on its own, with its own words
-    for *_, address in found:
-        ip = ipaddress.ip_address(address[0])
-        if ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip in _METADATA:
+    async def connect_tcp(
+        self,
+        host: str,
+        port: int,
+        timeout: float | None = None,
+        local_address: str | None = None,
+        socket_options: Any = None,
+    ) -> httpcore2.AsyncNetworkStream:
+        found = await asyncio.get_running_loop().getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        addresses = [str(address[0]) for *_, address in found]
+        if not addresses or any(_internal(ipaddress.ip_address(address)) for address in addresses):
             raise McpFailure(
                 _http_error(403, f"The MCP server's host {host} is an internal address the operator has not named.")
             )
+        return await self._inner.connect_tcp(addresses[0], port, timeout, local_address, socket_options)
+
+    async def sleep(self, seconds: float) -> None:
+        await self._inner.sleep(seconds)
+
+
+def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """A loopback, link-local, unspecified or metadata address, also inside an IPv6 one that
+    carries an IPv4 address (mapped, 6to4, NAT64)."""
+    if isinstance(ip, ipaddress.IPv6Address):
+        embedded = ip.ipv4_mapped or ip.sixtofour
+        if embedded is None and ip in _NAT64:
+            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if embedded is not None and _internal(embedded):
+            return True
+    return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip in _METADATA
+
+
+def _allows(pattern: str, url: str) -> bool:
+    """Whether an `allowed_servers` entry admits a URL: its parts matched one by one, the host's
+    `*` within one label (never across a `.`, a `/` or a `@`; a host of `*` alone: any), the path
+    as `fnmatch` reads it (none: any); a URL with credentials in it is never admitted (design.md
+    14.1)."""
+    want, got = urlsplit(pattern), urlsplit(url)
+    if got.scheme not in ("http", "https") or got.username or got.password or got.fragment:
+        return False
+    wanted = want.hostname or ""
+    host = "[^/@]+" if wanted == "*" else re.escape(wanted).replace(r"\*", "[^./@:]*").replace(r"\?", "[^./@:]")
+    try:
+        port_ok = want.port == got.port or (want.netloc.endswith(":*") and got.port is not None)
+    except ValueError:
+        port_ok = want.netloc.endswith(":*")
+    path = f"{got.path}?{got.query}" if got.query else got.path
+    return (
+        want.scheme == got.scheme
+        and re.fullmatch(host, got.hostname or "") is not None
+        and port_ok
+        and (not want.path or fnmatch.fnmatchcase(path, f"{want.path}?{want.query}" if want.query else want.path))
+    )
+
+
+def _too_large() -> dict[str, Any]:
+    return _http_error(413, "The MCP server's answer is larger than the proxy takes (mcp.max_output_bytes).")

@@ -36,6 +36,7 @@ from typing import Any
 
 import aiohttp
 import httpx2
+import mcp_types as types
 from mcp import Client
 from mcp.client.streamable_http import streamable_http_client
 
@@ -47,6 +48,7 @@ from tests.mcp_servers import ToolServer
 from .report import markdown_grid, text_grid
 
 TLS = httpx2.create_ssl_context()
+ECHO = types.CallToolRequest(params=types.CallToolRequestParams(name="echo", arguments={"text": "hello"}))
 
 ARGUMENTS = '{"text": "hello"}'
 CALL = Generation(
@@ -122,8 +124,8 @@ async def bench(rounds: int, calls: int) -> tuple[dict[str, list[float]], list[d
             upstream.requests.clear()
             answer = await post(http, responses, turn)
             assert [item["type"] for item in answer["output"]] == ["mcp_call", "message"], answer["output"]
-            # Listed by the first turn, and by the SDK on the call's connection (14.4), as (b)'s is.
-            assert answer["output"][0]["output"] == "hello" and tools.list_requests == 2
+            # Listed by the first turn alone: the call is sent by the session (14.4), as (b)'s is.
+            assert answer["output"][0]["output"] == "hello" and tools.list_requests == 1
             await post(http, responses, plain)
             call_body, answer_body, plain_body = upstream.requests  # what the proxy sent, to send direct
             mcp_calls: list[float] = []
@@ -135,7 +137,7 @@ async def bench(rounds: int, calls: int) -> tuple[dict[str, list[float]], list[d
                 to_tools = httpx2.AsyncClient(transport=httpx2.AsyncHTTPTransport(verify=TLS))
                 transport = streamable_http_client(tools.url, http_client=to_tools)
                 async with to_tools, Client(transport, cache=None) as client:
-                    result = await client.call_tool("echo", {"text": "hello"})
+                    result = await client.session.send_request(ECHO, types.CallToolResult)
                 mcp_calls.append(time.perf_counter() - started)
                 assert not result.is_error
                 await post(http, chat, answer_body)
