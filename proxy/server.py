@@ -94,7 +94,9 @@ async def front(request: web.Request, handler: Handler) -> web.StreamResponse:
     endpoint = info.canonical if info is not None else "other"
     # The request's span, where tracing is on (design.md 12.1): what ends it.
     end_span = (
-        tracing.server(request.method, endpoint, request.headers) if tracing and endpoint.startswith("/v1/") else None
+        tracing.server(request.method, endpoint, request.path, request.scheme, request.headers)
+        if tracing and endpoint.startswith("/v1/")
+        else None
     )
     try:
         try:
@@ -196,7 +198,7 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/chat/completions", passthrough.forward)
     app.router.add_post("/v1/completions", passthrough.forward)
     app.router.add_get("/v1/models", endpoints.models)
-    for path in ("/ui", "/ui/", "/ui/live", "/ui/responses/{id}"):
+    for path in ui.PAGES:
         app.router.add_get(path, ui.page)
     app.router.add_get("/ui/static/{name}", ui.static)
     app.router.add_get("/health", endpoints.health)

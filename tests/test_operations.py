@@ -14,10 +14,12 @@ from typing import Any
 import aiohttp
 import orjson
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from yarl import URL
 
 from proxy.config import Config, describe, parse
 from proxy.logs import JsonFormatter
+from proxy.metrics import MAX_MODELS_PER_ROUTE
 from tests.client import envelope, eventually, post_json
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, sglang_error
 from tests.harness import free_port, sample, scrape
@@ -218,12 +220,69 @@ async def test_metrics_follow_traffic(upstream, start_proxy, http) -> None:
     assert sample(metrics, "proxy_upstream_errors_total", upstream="main", kind="status_500") == 1
     assert sample(metrics, "proxy_time_to_first_token_seconds_count", route="m") == 2
     assert sample(metrics, "proxy_request_duration_seconds_count", endpoint="/v1/responses") == 5
-    # The GenAI conventions' names (design.md 12.2): the two finished calls, one streamed.
-    assert sample(metrics, "gen_ai_server_time_to_first_token_seconds_count", gen_ai_request_model="m") == 2
-    assert sample(metrics, "gen_ai_server_time_per_output_token_seconds_count", gen_ai_request_model="m") == 1
-    output_usage = sample(metrics, "gen_ai_client_token_usage_sum", gen_ai_request_model="m", gen_ai_token_type="output")
+    # The GenAI conventions' names (design.md 12.2), with the labels they require: the two
+    # finished calls, one streamed; the upstream calls' durations, the one that reached nothing
+    # by its error, the one the client left not at all (the upstream's time it is not).
+    gen_ai = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "sglang", "gen_ai_request_model": "m"}
+    assert sample(metrics, "gen_ai_server_time_to_first_token_seconds_count", **gen_ai) == 2
+    assert sample(metrics, "gen_ai_server_time_per_output_token_seconds_count", **gen_ai) == 1
+    output_usage = sample(metrics, "gen_ai_client_token_usage_sum", **gen_ai, gen_ai_token_type="output")
     assert output_usage == 2 * GEN.completion_tokens
-    assert sample(metrics, "gen_ai_client_token_usage_count", gen_ai_request_model="m", gen_ai_token_type="input") == 2
+    assert sample(metrics, "gen_ai_client_token_usage_count", **gen_ai, gen_ai_token_type="input") == 2
+    assert sample(metrics, "gen_ai_client_operation_duration_seconds_count", **gen_ai, error_type="") == 2
+    unreached = {**gen_ai, "gen_ai_request_model": "gone", "error_type": "upstream_unreachable"}
+    assert sample(metrics, "gen_ai_client_operation_duration_seconds_count", **unreached) == 1
+    durations = [key for key in metrics if key[0] == "gen_ai_client_operation_duration_seconds_count"]
+    assert len(durations) == 2
+
+
+async def families(http: aiohttp.ClientSession, url: str) -> dict[str, Any]:
+    """/metrics as prometheus_client's own parser reads the exposition format."""
+    async with http.get(f"{url}/metrics") as response:
+        text = await response.text()
+    return {family.name: family for family in text_string_to_metric_families(text)}
+
+
+async def test_each_upstream_call_is_timed_in_the_genai_conventions(upstream, start_proxy, http) -> None:
+    """gen_ai.client.operation.duration, required of an instrumentation that has the GenAI
+    client metrics: a histogram in seconds, with the buckets the conventions advise, by the
+    labels they require, and `error_type` where the call failed (the status the upstream
+    answered with)."""
+    upstream.script(Reply(GEN), sglang_error(500, "boom"))
+    url = await start_proxy(parse({"upstreams": [{"name": "main", "urls": [upstream.url], "dialect": "vllm"}]}))
+    assert (await call(http, url, "/v1/responses", {**RESPONSES, "model": "qwen3"}))[0] == 200
+    assert (await call(http, url, "/v1/responses", {**RESPONSES, "model": "qwen3"}))[0] == 502
+
+    duration = (await families(http, url))["gen_ai_client_operation_duration_seconds"]
+    assert duration.type == "histogram"
+    labels = {"gen_ai_operation_name": "chat", "gen_ai_provider_name": "vllm", "gen_ai_request_model": "qwen3"}
+    buckets = [s.labels["le"] for s in duration.samples if s.name.endswith("_bucket") and s.labels["error_type"] == ""]
+    assert buckets == ["0.01", "0.02", "0.04", "0.08", "0.16", "0.32", "0.64", "1.28", "2.56", "5.12", "10.24", "20.48", "40.96", "81.92", "+Inf"]
+    counts = {s.labels["error_type"]: s.value for s in duration.samples if s.name.endswith("_count")}
+    assert counts == {"": 1, "500": 1}
+    assert all(s.labels | labels == s.labels for s in duration.samples)
+
+
+async def test_a_routes_model_names_are_labels_up_to_a_cap_then_its_pattern(upstream, start_proxy, http) -> None:
+    """design.md 12.2: `gen_ai_request_model` is the model asked for, bounded: a glob route shows
+    its first MAX_MODELS_PER_ROUTE names, and counts any name past them under its pattern."""
+    upstream.script(Reply(GEN))
+    url = await start_proxy(parse({"upstreams": [{"name": "main", "urls": [upstream.url]}], "routes": [{"model": "qwen-*", "upstream": "main"}]}))
+    names = [f"qwen-{n}" for n in range(MAX_MODELS_PER_ROUTE + 1)]
+    for name in names:
+        assert (await call(http, url, "/v1/responses", {**RESPONSES, "model": name}))[0] == 200
+    found = await families(http, url)
+    for family in ("gen_ai_client_operation_duration_seconds", "gen_ai_client_token_usage"):
+        counted = {s.labels["gen_ai_request_model"] for s in found[family].samples if s.name.endswith("_count")}
+        assert counted == {*names[:-1], "qwen-*"}, family
+    assert sample(await scrape(http, url), "gen_ai_client_operation_duration_seconds_count", gen_ai_operation_name="chat", gen_ai_provider_name="sglang", gen_ai_request_model="qwen-*", error_type="") == 1
+
+
+async def test_metrics_name_the_text_formats_version(upstream, proxy, http) -> None:
+    """Prometheus picks its parser by the content type: the classic text format, 0.0.4."""
+    async with http.get(f"{proxy}/metrics") as response:
+        assert response.status == 200
+        assert response.headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
 
 
 # -- auth and the body limit ----------------------------------------------------------------------

@@ -10,6 +10,7 @@ from aiohttp import web
 from ..appkeys import RUNTIME
 from ..config import Route, Target, resolve
 from ..errors import UpstreamProtocolError
+from ..metrics import CONTENT_TYPE
 from .common import json_response
 
 
@@ -29,7 +30,9 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    return web.Response(body=request.app[RUNTIME].metrics.render(), content_type="text/plain", charset="utf-8")
+    """Prometheus text, its version named: a scraper picks its parser by the content type
+    (design.md 12.2)."""
+    return web.Response(body=request.app[RUNTIME].metrics.render(), headers={"Content-Type": CONTENT_TYPE})
 
 
 async def models(request: web.Request) -> web.Response:

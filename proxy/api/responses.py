@@ -13,7 +13,7 @@ from aiohttp import web
 from ..appkeys import MODEL_PATTERN, REQUEST_ID, RUNTIME
 from ..background import Calls
 from ..errors import ProxyError
-from ..metrics import Metrics
+from ..metrics import GenAI, Metrics
 from ..responses import compaction
 from ..responses.body import load_json
 from ..responses.translate import ResponseTranslator
@@ -73,13 +73,13 @@ async def _stream(
     metrics = runtime.metrics
     async with contextlib.AsyncExitStack() as upstream:
         # Entered before the stream begins: the upstream's refusal is an HTTP answer.
-        exchange = await upstream.enter_async_context(turn.post())
+        exchange = await upstream.enter_async_context(turn.post(answer=translator))
         response = EventStream()
         await response.prepare(request)
         watch = ClientWatch(
             request, response, runtime.config.keepalive, exchange.timeouts.client_idle, exchange.deadline
         )
-        sink = _ClientSink(watch, translator, turn.keep, request[MODEL_PATTERN], metrics, started)
+        sink = _ClientSink(watch, translator, turn.keep, request[MODEL_PATTERN], turn.gen_ai, metrics, started)
         metrics.streams.inc()
         try:
             await sink.write(translator.start())
@@ -110,7 +110,7 @@ class _ClientSink:
     """A stream's client as the relay's sink: one write per upstream read, the last with the
     end of the body (design.md 4.10), the finished response kept before it (9.2)."""
 
-    __slots__ = ("_watch", "_translator", "_keep", "_route", "_metrics", "_started", "first_chunk")
+    __slots__ = ("_watch", "_translator", "_keep", "_route", "_gen_ai", "_metrics", "_started", "first_chunk")
 
     def __init__(
         self,
@@ -118,6 +118,7 @@ class _ClientSink:
         translator: ResponseTranslator,
         keep: Keep,
         route: str,
+        gen_ai: GenAI,
         metrics: Metrics,
         started: float,
     ) -> None:
@@ -125,6 +126,7 @@ class _ClientSink:
         self._translator = translator
         self._keep = keep
         self._route = route
+        self._gen_ai = gen_ai
         self._metrics = metrics
         self._started = started
         self.first_chunk: float | None = None  # seconds to the first generated token, once sent
@@ -136,7 +138,7 @@ class _ClientSink:
         await self._watch.write(events, last=finished is not None)
         if self.first_chunk is None and self._translator.generating:
             self.first_chunk = time.monotonic() - self._started
-            self._metrics.first_chunk(self._route, self.first_chunk)
+            self._metrics.first_chunk(self._route, self._gen_ai, self.first_chunk)
 
 
 async def _failed_stream(

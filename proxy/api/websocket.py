@@ -267,7 +267,7 @@ class _Connection:
         sink = _SocketSink(self, translator, turn, running)
         try:
             try:
-                async with turn.post() as exchange:
+                async with turn.post(answer=translator) as exchange:
                     await sink.write(translator.start())
                     await rounds.answer(translator, exchange, sink)
                 await rounds.go_on(turn, translator, sink)

@@ -29,7 +29,7 @@ log = logging.getLogger("proxy")
 async def run(turn: Turn, translator: ResponseTranslator, sink: Sink) -> None:
     """Every round, the first one's call entered here: for a transport that writes nothing
     that waits on the upstream's answer (a whole Response, a background run)."""
-    async with turn.post() as exchange:
+    async with turn.post(answer=translator) as exchange:
         await answer(translator, exchange, sink)
     await go_on(turn, translator, sink)
 
@@ -99,7 +99,7 @@ class _Rounds:
             self._messages.append({"role": "tool", "tool_call_id": item["id"], "content": tool_message(output, error)})
         translator.next_round()
         try:
-            async with turn.post(self._body(translator.tokens_left())) as exchange:
+            async with turn.post(self._body(translator.tokens_left()), answer=translator) as exchange:
                 await answer(translator, exchange, sink)
         except ProxyError as error:  # the upstream refused the round: the Response fails with the rounds done
             await sink.write(translator.fail(error))

@@ -145,24 +145,31 @@ class Turn:
         request_id = self.caller.request_id
         return ResponseTranslator(self.call, streaming=streaming, request_id=request_id, max_event=max_event)
 
-    def post(self, body: dict[str, Any] | None = None, path: str = CHAT_PATH) -> AbstractAsyncContextManager[Exchange]:
+    @property
+    def gen_ai(self) -> tuple[str, str, str]:
+        """The labels of its GenAI metrics (design.md 12.2): operation, provider, model."""
+        return self.runtime.metrics.gen_ai(self.target)
+
+    def post(
+        self, body: dict[str, Any] | None = None, path: str = CHAT_PATH, answer: ResponseTranslator | None = None
+    ) -> AbstractAsyncContextManager[Exchange]:
         """The call's chat request (or another of the turn's: a summary's, a token count's),
-        sent when entered; its client span, where tracing is on (design.md 12)."""
+        sent when entered; its client span, where tracing is on (design.md 12.1), and a chat
+        call's duration (12.2: a token count is no GenAI operation); `answer`: the translator
+        the call feeds, what they read of its answer."""
         headers = self.caller.upstream_headers()
         exchange = self.client.post(path, self.call.chat if body is None else body, headers, session=self.session)
         tracing = self.runtime.tracing
-        return (
-            exchange
-            if tracing is None
-            else tracing.upstream(exchange, headers, self.target.upstream, self.target.model)
-        )
+        if tracing is not None:
+            exchange = tracing.upstream(exchange, headers, self.target.upstream, self.target.model, answer)
+        return self.runtime.metrics.operation(exchange, self.gen_ai, answer) if path == CHAT_PATH else exchange
 
     def answered(self, output: dict[str, Any], started: float, first_chunk: float | None) -> None:
         """A finished call's tokens, from its upstream's usage (design.md 11.4), and the time per
         output token after the first (12.2); on its span, what it made (12.1)."""
         usage, target = output["usage"], self.target
         elapsed = time.monotonic() - started
-        self.runtime.metrics.answered(target.pattern, target.upstream.name, usage, first_chunk, elapsed)
+        self.runtime.metrics.answered(target.pattern, target.upstream.name, self.gen_ai, usage, first_chunk, elapsed)
         if self.runtime.tracing is not None:
             self.runtime.tracing.answered(output, first_chunk)
 
@@ -214,7 +221,7 @@ async def plan_turn(
         as_stored = stored_form(caller.owner, data, past, session) if kept_anywhere else None
         if runtime.tracing is not None:
             conversation = (session or call_session(runtime, caller, past)).key  # gen_ai.conversation.id
-            runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation)
+            runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation, target.upstream.dialect)
 
         async def keep(response: dict[str, Any]) -> None:
             if as_stored is None:
