@@ -13,6 +13,7 @@ from ..errors import NotFound
 
 _FILES = {
     "viewer.js": "text/javascript",
+    "tokens.js": "text/javascript",
     "viewer.css": "text/css",
 }
 # Scripts, styles and requests from this origin only; no inline script or style, no plugins,
