@@ -199,7 +199,9 @@ class Reasoning(_Section, frozen=True):
 
 class Store(_Section, frozen=True):
     """Stored responses (design.md 9.1): `sqlite:PATH` (a file on this host, the default),
-    `redis://HOST:PORT/DB` (shared by every replica), or `none` (nothing is kept)."""
+    `redis://HOST:PORT/DB` (shared by every replica),
+    `redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]` (the primary the
+    sentinels name, followed through a failover), or `none` (nothing is kept)."""
 
     url: str = "sqlite:state/responses.db"
     ttl: Seconds = 30 * 24 * 3600.0  # as long as OpenAI keeps responses
@@ -439,8 +441,22 @@ def _check(config: Config) -> None:
         if upstream.api_key and upstream.api_key_env:
             raise ConfigError(f"upstreams[{i}]: give api_key or api_key_env, not both")
     store = config.store
-    if store.url != "none" and not store.sqlite_path and not store.url.startswith(("redis://", "rediss://", "unix://")):
-        raise ConfigError(f"store.url: not sqlite:PATH, redis://..., rediss://..., unix://... or none: {store.url!r}")
+    if store.url.startswith("redis+sentinel://"):
+        # Read as the backend reads it, so that a bad address fails the config, not the first
+        # store operation (imported here: the config loads without the Redis client's modules).
+        from .store.redis import sentinel_address
+
+        try:
+            sentinel_address(store.url)
+        except ValueError as error:
+            raise ConfigError(f"store.url: {error}") from None
+    elif (
+        store.url != "none" and not store.sqlite_path and not store.url.startswith(("redis://", "rediss://", "unix://"))
+    ):
+        raise ConfigError(
+            "store.url: not sqlite:PATH, redis://..., rediss://..., unix://..., redis+sentinel://... or none:"
+            f" {store.url!r}"
+        )
     _check_mcp(config.mcp)
     for i, route in enumerate(config.routes):
         if route.upstream not in names:

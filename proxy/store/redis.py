@@ -8,11 +8,13 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar, cast
+from typing import Any, TypeVar, cast
+from urllib.parse import unquote
 
 import msgspec
 import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.exceptions import ResponseError
 
 from .backend import (
@@ -218,10 +220,25 @@ class RedisBackend:
         # drops a connection whose command was cancelled. A socket timeout would cut those
         # reads, and wraps every command's send in a task of its own. A full pool is waited for
         # (within the operation's time), not failed at once (9.8).
-        pool = BlockingConnectionPool.from_url(
-            url, max_connections=max_connections, timeout=None, socket_timeout=None, socket_connect_timeout=timeout
-        )
-        self._redis = Redis.from_pool(pool)  # closed with it
+        pooling: dict[str, Any] = {
+            "max_connections": max_connections,
+            "timeout": None,
+            "socket_timeout": None,
+            "socket_connect_timeout": timeout,
+        }
+        self._sentinel: Sentinel | None = None
+        self._redis: Redis  # its pool closed with it
+        if url.startswith(SENTINEL_SCHEME):
+            sentinels, service, db, username, password = sentinel_address(url)
+            # A sentinel answers in a millisecond when well: one that does not is passed over
+            # for the next within the store's time, not waited on past it.
+            asked = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
+            self._sentinel = Sentinel(sentinels, sentinel_kwargs=asked)
+            self._redis = self._sentinel.master_for(
+                service, connection_pool_class=_SentinelPool, db=db, username=username, password=password, **pooling
+            )
+        else:
+            self._redis = Redis.from_pool(BlockingConnectionPool.from_url(url, **pooling))
         # Reads that block on a stream hold a connection for their whole wait: at most a quarter
         # of the pool does; past it, a read answers at once and its reader polls (9.8).
         self._blocking = asyncio.Semaphore(max(1, max_connections // 4))
@@ -422,11 +439,48 @@ class RedisBackend:
 
     async def close(self) -> None:
         await self._redis.aclose()
+        if self._sentinel is not None:  # its clients are its own, not the pool's
+            await self._sentinel.aclose()
 
     def affinity(self, upstream: str, ttl: float) -> RedisAffinity:
         """The session map of an upstream, shared by every gateway replica on this server."""
         wait = min(self._timeout, _ROUTING_WAIT)
         return RedisAffinity(self._redis, f"{self._prefix}session:{upstream}:", ttl, wait)
+
+
+SENTINEL_SCHEME = "redis+sentinel://"
+
+
+class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
+    """The primary's address asked of the sentinels at each new connection, and a full pool waited
+    for (9.8). `SentinelConnectionPool` overrides none of the waiting (`get_connection`,
+    `release`) and `BlockingConnectionPool` none of the lookup, so the two combine as they are:
+    after a failover a connection to the old primary fails its command (the store answers 503,
+    9.1), is dropped, and the next one connects to the primary the sentinels name then."""
+
+
+def sentinel_address(url: str) -> tuple[list[tuple[str, int]], str, int, str | None, str | None]:
+    """`redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]`: the
+    sentinels (port 26379 by default), the service they watch, its database, and the user and
+    password of its primary and replicas (the sentinels are asked without: they keep none of
+    their own in the common setup, and Redis refuses an AUTH where no password is set)."""
+    rest = url.removeprefix(SENTINEL_SCHEME)
+    netloc, _, path = rest.partition("/")
+    userinfo, _, hosts = netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    sentinels = []
+    for host in hosts.split(","):
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if not colon:
+            name, port = host, "26379"
+        name = name.removeprefix("[").removesuffix("]")
+        if not name or not port.isdigit():
+            raise ValueError(f"not a sentinel's host[:port]: {host!r} in {url!r}")
+        sentinels.append((name, int(port)))
+    service, _, db = path.partition("/")
+    if not service or not (db == "" or db.isdigit()):
+        raise ValueError(f"not /service[/db] after the sentinels: {url!r}")
+    return sentinels, unquote(service), int(db or 0), unquote(user) or None, unquote(password) or None
 
 
 class RedisAffinity:
