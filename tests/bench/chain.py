@@ -43,7 +43,7 @@ from tests.redis_server import redis_binary
 
 from . import procs
 from .ab import export
-from .report import markdown_grid, text_grid
+from .report import print_grid
 from .upstream import model_name
 
 COLUMNS = ("store", "turn", "latency", "proxy CPU", "its chain's read", "its record", "the chain's records")
@@ -188,9 +188,7 @@ def main(argv: list[str] | None = None) -> int:
     ]
     command = "python -m tests.bench.chain " + " ".join(argv if argv is not None else sys.argv[1:])
     header = f"{command.strip()}  ({time.strftime('%Y-%m-%d %H:%M')}, {time.monotonic() - started:.0f} s; medians of {args.turns} turns at each depth)"
-    print(header + "\n\n" + text_grid(COLUMNS, cells))
-    if args.markdown:
-        print("\n" + header + "\n\n" + markdown_grid(COLUMNS, cells))
+    print_grid(header, COLUMNS, cells, args.markdown)
     return 0
 
 

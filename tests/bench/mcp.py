@@ -45,7 +45,7 @@ from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 from tests.harness import Running, config
 from tests.mcp_servers import ToolServer
 
-from .report import markdown_grid, text_grid
+from .report import print_grid
 
 TLS = httpx2.create_ssl_context()
 ECHO = types.CallToolRequest(params=types.CallToolRequestParams(name="echo", arguments={"text": "hello"}))
@@ -235,9 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     command = shlex.join(["python", "-m", "tests.bench.mcp", *(argv if argv is not None else sys.argv[1:])])
     loop = "uvloop" if uvloop else "asyncio"
     header = f"{command}  ({time.strftime('%Y-%m-%d %H:%M')}, {time.monotonic() - started:.0f} s; one process, {loop}, calls one at a time)"
-    print(header + "\n\n" + text_grid(COLUMNS, cells))
-    if args.markdown:
-        print("\n" + header + "\n\n" + markdown_grid(COLUMNS, cells))
+    print_grid(header, COLUMNS, cells, args.markdown)
     return 0
 
 

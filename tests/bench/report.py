@@ -52,5 +52,12 @@ def markdown_grid(columns: Sequence[str], cells: list[list[str]]) -> str:
     return "\n".join(lines)
 
 
+def print_grid(header: str, columns: Sequence[str], cells: list[list[str]], markdown: bool) -> None:
+    """A bench's table under its header, as text, and again as markdown where asked (for README)."""
+    print(header + "\n\n" + text_grid(columns, cells))
+    if markdown:
+        print("\n" + header + "\n\n" + markdown_grid(columns, cells))
+
+
 def as_json(rows: list[Row]) -> list[dict]:
     return [asdict(row) for row in rows]
