@@ -7,6 +7,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
+from urllib.parse import unquote
 
 import msgspec
 import yaml
@@ -223,6 +224,11 @@ class Store(_Section, frozen=True):
             return None
         path = self.url.removeprefix("sqlite:")
         return path.removeprefix("//") if path.startswith("///") else path
+
+    @property
+    def sentinels(self) -> tuple[list[tuple[str, int]], str, int, str | None, str | None] | None:
+        """The Sentinels a `redis+sentinel://` store names (design.md 9.1); None for another."""
+        return sentinel_address(self.url) if self.url.startswith(SENTINEL_SCHEME) else None
 
 
 class Connections(_Section, frozen=True):
@@ -441,12 +447,8 @@ def _check(config: Config) -> None:
         if upstream.api_key and upstream.api_key_env:
             raise ConfigError(f"upstreams[{i}]: give api_key or api_key_env, not both")
     store = config.store
-    if store.url.startswith("redis+sentinel://"):
-        # Read as the backend reads it, so that a bad address fails the config, not the first
-        # store operation (imported here: the config loads without the Redis client's modules).
-        from .store.redis import sentinel_address
-
-        try:
+    if store.url.startswith(SENTINEL_SCHEME):
+        try:  # a bad address fails the config, not the first store operation
             sentinel_address(store.url)
         except ValueError as error:
             raise ConfigError(f"store.url: {error}") from None
@@ -478,3 +480,30 @@ def _check_mcp(mcp: Mcp) -> None:
         hosted: HostedTool | None = getattr(mcp, kind)
         if hosted is not None and hosted.server not in labels:
             raise ConfigError(f"mcp.{kind}.server: no server labelled {hosted.server!r} in mcp.servers")
+
+
+SENTINEL_SCHEME = "redis+sentinel://"
+
+
+def sentinel_address(url: str) -> tuple[list[tuple[str, int]], str, int, str | None, str | None]:
+    """`redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]`: the
+    sentinels (port 26379 by default), the service they watch, its database, and the user and
+    password of its primary and replicas (the sentinels are asked without: they keep none of
+    their own in the common setup, and Redis refuses an AUTH where no password is set)."""
+    rest = url.removeprefix(SENTINEL_SCHEME)
+    netloc, _, path = rest.partition("/")
+    userinfo, _, hosts = netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    sentinels = []
+    for host in hosts.split(","):
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if not colon:
+            name, port = host, "26379"
+        name = name.removeprefix("[").removesuffix("]")
+        if not name or not port.isdigit():
+            raise ValueError(f"not a sentinel's host[:port]: {host!r} in {url!r}")
+        sentinels.append((name, int(port)))
+    service, _, db = path.partition("/")
+    if not service or not (db == "" or db.isdigit()):
+        raise ValueError(f"not /service[/db] after the sentinels: {url!r}")
+    return sentinels, unquote(service), int(db or 0), unquote(user) or None, unquote(password) or None

@@ -163,6 +163,7 @@ def open_store(settings: config_module.Store, metrics: Metrics, tracing: Tracing
             settings.max_responses,
             settings.timeout,
             settings.max_connections,
+            settings.sentinels,
         )
     count = metrics.store_errors
     return ResponseStore(

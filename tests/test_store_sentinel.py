@@ -17,7 +17,7 @@ from typing import Any
 import aiohttp
 import pytest
 
-from proxy.config import ConfigError, parse
+from proxy.config import ConfigError, parse, sentinel_address
 from proxy.store.redis import RedisBackend
 from tests import test_store as protocol
 from tests.client import envelope
@@ -73,7 +73,8 @@ async def test_a_response_is_kept_and_chained_through_the_sentinels_primary(
 async def test_a_full_pool_is_waited_for(sentinel_group: SentinelGroup) -> None:
     """The pool behind Sentinel waits for a connection as the plain one does (9.8): calls past
     `max_connections` queue, none fails for want of one."""
-    backend = RedisBackend(sentinel_group.url(), f"test-{uuid.uuid4().hex}:", 60, 100, 2.0, max_connections=1)
+    url = sentinel_group.url()
+    backend = RedisBackend(url, f"test-{uuid.uuid4().hex}:", 60, 100, 2.0, max_connections=1, sentinel=sentinel_address(url))
     try:
         # Each read holds the one connection for its 0.05 s wait on an empty stream.
         answers = await asyncio.gather(*(backend.read("none", 0, 0.05) for _ in range(4)))

@@ -9,7 +9,6 @@ import logging
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar, cast
-from urllib.parse import unquote
 
 import msgspec
 import orjson
@@ -34,6 +33,8 @@ from .backend import (
 
 log = logging.getLogger("proxy.store")
 T = TypeVar("T")
+# The sentinels' addresses, the service they watch, its database, its user and password.
+Sentinels = tuple[list[tuple[str, int]], str, int, str | None, str | None]
 # The longest a call's routing waits on the session map: a Redis answers in a millisecond when
 # well, and a call is routed by its hash alone when not.
 _ROUTING_WAIT = 0.25
@@ -213,8 +214,17 @@ class RedisBackend:
     blocks on the stream, so an append on any replica wakes it."""
 
     def __init__(
-        self, url: str, prefix: str, ttl: float, max_responses: int, timeout: float, max_connections: int
+        self,
+        url: str,
+        prefix: str,
+        ttl: float,
+        max_responses: int,
+        timeout: float,
+        max_connections: int,
+        sentinel: Sentinels | None = None,
     ) -> None:
+        """`sentinel`: the Sentinels that name the primary, its database and credentials, as the
+        config reads a `redis+sentinel://` URL (9.1); else `url` is the one server's."""
         # No socket timeout: every operation is bounded by the store's own (design.md 9.1), a
         # blocking read of a background response's events by its wait as well, and redis-py
         # drops a connection whose command was cancelled. A socket timeout would cut those
@@ -228,8 +238,8 @@ class RedisBackend:
         }
         self._sentinel: Sentinel | None = None
         self._redis: Redis  # its pool closed with it
-        if url.startswith(SENTINEL_SCHEME):
-            sentinels, service, db, username, password = sentinel_address(url)
+        if sentinel is not None:
+            sentinels, service, db, username, password = sentinel
             # A sentinel answers in a millisecond when well: one that does not is passed over
             # for the next within the store's time, not waited on past it.
             asked = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
@@ -448,39 +458,12 @@ class RedisBackend:
         return RedisAffinity(self._redis, f"{self._prefix}session:{upstream}:", ttl, wait)
 
 
-SENTINEL_SCHEME = "redis+sentinel://"
-
-
 class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """The primary's address asked of the sentinels at each new connection, and a full pool waited
     for (9.8). `SentinelConnectionPool` overrides none of the waiting (`get_connection`,
     `release`) and `BlockingConnectionPool` none of the lookup, so the two combine as they are:
     after a failover a connection to the old primary fails its command (the store answers 503,
     9.1), is dropped, and the next one connects to the primary the sentinels name then."""
-
-
-def sentinel_address(url: str) -> tuple[list[tuple[str, int]], str, int, str | None, str | None]:
-    """`redis+sentinel://[[user]:password@]host[:port][,host[:port]...]/service[/db]`: the
-    sentinels (port 26379 by default), the service they watch, its database, and the user and
-    password of its primary and replicas (the sentinels are asked without: they keep none of
-    their own in the common setup, and Redis refuses an AUTH where no password is set)."""
-    rest = url.removeprefix(SENTINEL_SCHEME)
-    netloc, _, path = rest.partition("/")
-    userinfo, _, hosts = netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    sentinels = []
-    for host in hosts.split(","):
-        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
-        if not colon:
-            name, port = host, "26379"
-        name = name.removeprefix("[").removesuffix("]")
-        if not name or not port.isdigit():
-            raise ValueError(f"not a sentinel's host[:port]: {host!r} in {url!r}")
-        sentinels.append((name, int(port)))
-    service, _, db = path.partition("/")
-    if not service or not (db == "" or db.isdigit()):
-        raise ValueError(f"not /service[/db] after the sentinels: {url!r}")
-    return sentinels, unquote(service), int(db or 0), unquote(user) or None, unquote(password) or None
 
 
 class RedisAffinity:
