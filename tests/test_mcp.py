@@ -13,7 +13,7 @@ import openai
 import orjson
 import pytest
 
-from tests.client import LOGPROBS, create, eventually, parse_sse, post_json, stream
+from tests.client import LOGPROBS, create, eventually, parse_sse, post_json, stream, validate_response
 from tests.events import check_stream, sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 from tests.harness import config
@@ -130,6 +130,7 @@ async def test_calls_wait_for_approval_by_default_and_run_once_approved(
     request = asked.output[1]
     assert (request.name, request.arguments, request.server_label) == ("delete_item", '{"id": "7"}', "calc")
     assert asked.status == "completed" and tool_server.calls == []
+    validate_response(asked.to_dict())  # the SDK's types, validated: its required fields there
 
     upstream.script(Reply(answering("Deleted.")))
     approval = {"type": "mcp_approval_response", "approval_request_id": request.id, "approve": True}

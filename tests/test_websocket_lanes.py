@@ -96,6 +96,7 @@ async def test_a_steer_stops_the_turn_and_a_successor_takes_its_input(upstream: 
         done = await until(socket, "response.completed", events)
     assert accepted["steer"]["previous_response_id"] == created["response"]["id"] and accepted["stream_id"] == "chat"
     assert stopped["response"]["incomplete_details"] == {"reason": "steered"}
+    validate_event({key: value for key, value in stopped.items() if key != "stream_id"})
     cut = stopped["response"]["output"][0]
     assert cut["status"] == "incomplete" and 0 < len(cut["content"][0]["text"]) < len("".join(f"english{i} " for i in range(40)))
     # The successor continues the steered response, with its settings, and the steer's input.
@@ -125,6 +126,7 @@ async def test_a_steer_during_a_client_tool_call_waits_for_its_output(upstream: 
         pending = await until(socket, "response.steer.pending", events)
         assert "response.steer.accepted" in [event["type"] for event in events]
         assert completed["response"]["output"][0]["arguments"] == "".join(arguments)
+        SERVER_EVENT.validate_python(pending)  # the SDK's own type, its required fields
         assert pending["reason"] == "waiting_for_required_input"
         assert pending["required_input"] == [{"type": "function_call_output", "call_id": "call_9", "name": "lookup"}]
         output = {"type": "function_call_output", "call_id": "call_9", "output": "found it"}

@@ -216,8 +216,8 @@ def _offered(
     refuse a `tool_choice` without `tools`."""
     functions: list[dict[str, Any]] = table.functions
     chosen: Any = choice
-    if isinstance(choice, HostedToolChoice) and table.builtin(choice.kind) is not None:
-        chosen = {"type": "function", "function": {"name": table.builtin(choice.kind)}}
+    if isinstance(choice, HostedToolChoice) and (answered := table.typed(choice.kind)) is not None:
+        chosen = {"type": "function", "function": {"name": answered}}
     elif isinstance(choice, HostedToolChoice):
         _drop_hosted("tool_choice", choice.kind, "tool_choice.type", settings, ignored)
         chosen = None  # the model keeps its choice
@@ -238,7 +238,7 @@ def _offered(
         chosen = {"type": "function", "function": {"name": table.chat_name(choice.name, choice.namespace)}}
     elif isinstance(choice, ToolChoiceShell | ToolChoiceApplyPatch):
         kind = "apply_patch" if isinstance(choice, ToolChoiceApplyPatch) else "shell"
-        name = table.native(kind)
+        name = table.typed(kind)
         if name is None:
             raise InvalidRequest(f"tool_choice names the tool '{kind}', which is not in 'tools'.", param="tool_choice")
         chosen = {"type": "function", "function": {"name": name}}
@@ -383,7 +383,7 @@ class _Conversation:
             self._agent_message(item)
         elif isinstance(item, NATIVE_CALLS):
             kind, arguments = chat_call(item)
-            self._tool_call(item.call_id, table.native(kind) or kind, arguments)
+            self._tool_call(item.call_id, table.typed(kind) or kind, arguments)
         elif isinstance(item, NATIVE_OUTPUTS):
             call_id, said = chat_output(item)
             self._add({"role": "tool", "tool_call_id": call_id, "content": said}, tool=True)

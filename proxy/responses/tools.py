@@ -133,14 +133,11 @@ class ToolTable:
         it had when it was offered alone."""
         return self._server_names.get((server, name)) or _namespaced_name(server, name, set())
 
-    def native(self, kind: str) -> str | None:
-        """The chat name of a tool the client runs in its own shape (design.md 8.13)."""
-        return next((name for name, ref in self._by_chat_name.items() if ref.native == kind), None)
-
-    def builtin(self, kind: str) -> str | None:
-        """The chat name of a built-in tool type the operator answers (design.md 14.8)."""
-        wanted = BUILTIN_KINDS.get(kind)
-        return next((name for name, ref in self._by_chat_name.items() if ref.builtin and ref.builtin == wanted), None)
+    def typed(self, kind: str) -> str | None:
+        """The chat name of a tool a request names by its type alone: one the client runs in
+        its own shape (design.md 8.13), or a built-in type the operator answers (14.8)."""
+        wanted = BUILTIN_KINDS.get(kind, kind)
+        return next((name for name, ref in self._by_chat_name.items() if wanted in (ref.native, ref.builtin)), None)
 
     def server_tools(self) -> list[tuple[tuple[str, str], str]]:
         """Each MCP server's offered tool, `(server_label, name)`, with its chat name."""

@@ -95,7 +95,7 @@ class _Rounds:
             return
         self._messages.append(said)
         for item in calls:
-            output, error = outcomes.get(item["id"], (None, _NOT_RUN))
+            output, error = outcomes.get(item["id"], (None, None))  # none: the cap kept it from running
             self._messages.append({"role": "tool", "tool_call_id": item["id"], "content": tool_message(output, error)})
         translator.next_round()
         try:
@@ -120,14 +120,6 @@ class _Rounds:
                 body.pop("tools")
                 body.pop("tool_choice", None)
         return body
-
-
-# What the model reads of a call the cap kept from running.
-_NOT_RUN = {
-    "type": "mcp_protocol_error",
-    "code": -32000,
-    "message": "Not run: the response's max_tool_calls was reached.",
-}
 
 
 async def _compaction(turn: Turn, translator: ResponseTranslator) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:

@@ -61,13 +61,13 @@ async def prepare(
             tasks = [listing.create_task(mcp.list_tools(servers[label][1], owner)) for label in unlisted]
     except* McpUnavailable as failed:
         raise failed.exceptions[0] from None
-    found = [task.result() for task in tasks]
-    known |= {label: offered(servers[label][0], listed) for label, listed in zip(unlisted, found, strict=True)}
+    known |= {label: task.result() for label, task in zip(unlisted, tasks, strict=True)}
+    tools = {label: offered(tool, known[label]) for label, (tool, _) in servers.items()}
+    # A new listing shows what the model is offered of it (14.3).
     listings = [
-        {"id": new_id("mcpl"), "type": "mcp_list_tools", "server_label": label, "tools": known[label]}
+        {"id": new_id("mcpl"), "type": "mcp_list_tools", "server_label": label, "tools": tools[label]}
         for label in unlisted
     ]
-    tools = {label: offered(tool, known[label]) for label, (tool, _) in servers.items()}
     endpoints |= {label: endpoint for label, (_, endpoint) in servers.items()}
     cap = request.max_tool_calls or mcp.config.max_tool_calls
     answers, calls = await _approved(mcp, owner, items, endpoints, cap) if runs else ({}, [])
