@@ -202,7 +202,8 @@ class Store(_Section, frozen=True):
     """Stored responses (design.md 9.1): `sqlite:PATH` (a file on this host, the default),
     `redis://HOST:PORT/DB` (shared by every replica),
     `redis+sentinel://[:PASSWORD@]HOST:PORT[,HOST:PORT...]/SERVICE[/DB]` (the primary the
-    sentinels name, followed through a failover), or `none` (nothing is kept)."""
+    sentinels name, followed through a failover), `redis+cluster://[:PASSWORD@]HOST:PORT[,...]`
+    (a Redis Cluster, any of its nodes named), or `none` (nothing is kept)."""
 
     url: str = "sqlite:state/responses.db"
     ttl: Seconds = 30 * 24 * 3600.0  # as long as OpenAI keeps responses
@@ -229,6 +230,11 @@ class Store(_Section, frozen=True):
     def sentinels(self) -> tuple[list[tuple[str, int]], str, int, str | None, str | None] | None:
         """The Sentinels a `redis+sentinel://` store names (design.md 9.1); None for another."""
         return sentinel_address(self.url) if self.url.startswith(SENTINEL_SCHEME) else None
+
+    @property
+    def cluster(self) -> tuple[list[tuple[str, int]], str | None, str | None, bool] | None:
+        """The nodes a `redis+cluster://` store names (design.md 9.9); None for another."""
+        return cluster_address(self.url) if self.url.startswith(CLUSTER_SCHEMES) else None
 
 
 class Connections(_Section, frozen=True):
@@ -447,17 +453,20 @@ def _check(config: Config) -> None:
         if upstream.api_key and upstream.api_key_env:
             raise ConfigError(f"upstreams[{i}]: give api_key or api_key_env, not both")
     store = config.store
-    if store.url.startswith(SENTINEL_SCHEME):
-        try:  # a bad address fails the config, not the first store operation
-            sentinel_address(store.url)
-        except ValueError as error:
-            raise ConfigError(f"store.url: {error}") from None
-    elif (
-        store.url != "none" and not store.sqlite_path and not store.url.startswith(("redis://", "rediss://", "unix://"))
+    try:  # a bad address fails the config, not the first store operation
+        _ = store.sentinels, store.cluster
+    except ValueError as error:
+        raise ConfigError(f"store.url: {error}") from None
+    if store.cluster and "{" in store.prefix:
+        raise ConfigError(f"store.prefix: no braces on a cluster, where they name a key's slot: {store.prefix!r}")
+    if (
+        store.url != "none"
+        and not store.sqlite_path
+        and not store.url.startswith(("redis://", "rediss://", "unix://", SENTINEL_SCHEME, *CLUSTER_SCHEMES))
     ):
         raise ConfigError(
-            "store.url: not sqlite:PATH, redis://..., rediss://..., unix://..., redis+sentinel://... or none:"
-            f" {store.url!r}"
+            "store.url: not sqlite:PATH, redis://..., rediss://..., unix://..., redis+sentinel://...,"
+            f" redis+cluster://... or none: {store.url!r}"
         )
     _check_mcp(config.mcp)
     for i, route in enumerate(config.routes):
@@ -483,6 +492,7 @@ def _check_mcp(mcp: Mcp) -> None:
 
 
 SENTINEL_SCHEME = "redis+sentinel://"
+CLUSTER_SCHEMES = ("redis+cluster://", "rediss+cluster://")
 
 
 def sentinel_address(url: str) -> tuple[list[tuple[str, int]], str, int, str | None, str | None]:
@@ -490,20 +500,37 @@ def sentinel_address(url: str) -> tuple[list[tuple[str, int]], str, int, str | N
     sentinels (port 26379 by default), the service they watch, its database, and the user and
     password of its primary and replicas (the sentinels are asked without: they keep none of
     their own in the common setup, and Redis refuses an AUTH where no password is set)."""
-    rest = url.removeprefix(SENTINEL_SCHEME)
-    netloc, _, path = rest.partition("/")
-    userinfo, _, hosts = netloc.rpartition("@")
-    user, _, password = userinfo.partition(":")
-    sentinels = []
-    for host in hosts.split(","):
-        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
-        if not colon:
-            name, port = host, "26379"
-        name = name.removeprefix("[").removesuffix("]")
-        if not name or not port.isdigit():
-            raise ValueError(f"not a sentinel's host[:port]: {host!r} in {url!r}")
-        sentinels.append((name, int(port)))
+    netloc, _, path = url.removeprefix(SENTINEL_SCHEME).partition("/")
+    sentinels, user, password = _hosts(netloc, 26379, url)
     service, _, db = path.partition("/")
     if not service or not (db == "" or db.isdigit()):
         raise ValueError(f"not /service[/db] after the sentinels: {url!r}")
-    return sentinels, unquote(service), int(db or 0), unquote(user) or None, unquote(password) or None
+    return sentinels, unquote(service), int(db or 0), user, password
+
+
+def cluster_address(url: str) -> tuple[list[tuple[str, int]], str | None, str | None, bool]:
+    """`redis+cluster://[[user]:password@]host[:port][,host[:port]...]` (`rediss+cluster://`
+    over TLS): any nodes of a Redis Cluster (port 6379 by default), from which the client learns
+    the rest (design.md 9.9); the user and password; whether TLS."""
+    tls = url.startswith(CLUSTER_SCHEMES[1])
+    netloc, _, path = url.removeprefix(CLUSTER_SCHEMES[tls]).partition("/")
+    if path.strip("/") not in ("", "0"):
+        raise ValueError(f"a cluster has one database, 0: {url!r}")
+    nodes, user, password = _hosts(netloc, 6379, url)
+    return nodes, user, password, tls
+
+
+def _hosts(netloc: str, default_port: int, url: str) -> tuple[list[tuple[str, int]], str | None, str | None]:
+    """`[[user]:password@]host[:port][,host[:port]...]`: the hosts, the user, the password."""
+    userinfo, _, hosts = netloc.rpartition("@")
+    user, _, password = userinfo.partition(":")
+    found = []
+    for host in hosts.split(","):
+        name, colon, port = host.rpartition(":") if not host.endswith("]") else (host, "", "")
+        if not colon:
+            name, port = host, str(default_port)
+        name = name.removeprefix("[").removesuffix("]")
+        if not name or not port.isdigit():
+            raise ValueError(f"not a host[:port]: {host!r} in {url!r}")
+        found.append((name, int(port)))
+    return found, unquote(user) or None, unquote(password) or None

@@ -163,7 +163,8 @@ def open_store(settings: config_module.Store, metrics: Metrics, tracing: Tracing
             settings.max_responses,
             settings.timeout,
             settings.max_connections,
-            settings.sentinels,
+            sentinel=settings.sentinels,
+            cluster=settings.cluster,
         )
     count = metrics.store_errors
     return ResponseStore(

@@ -18,7 +18,7 @@ from proxy.config import Config, single_upstream
 from tests.fake_upstream import FakeUpstream
 from tests.harness import Running, config
 from tests.mcp_servers import hostile_server, tool_server  # noqa: F401 (fixtures)
-from tests.redis_server import RedisServer
+from tests.redis_server import Cluster, RedisServer, cluster_binary
 
 
 @pytest.fixture
@@ -92,10 +92,27 @@ def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServ
     server.stop()
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    """One real Redis Cluster (three primaries, three replicas) for the session."""
+    if cluster_binary() is None:
+        pytest.skip("no redis-server 7 or later with redis-cli, to run a cluster: apt-get install redis-server")
+    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
+    try:
+        cluster.start()
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "redis", "cluster"])
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
-    """The config of a response store, once per backend: a SQLite file, or the real Redis."""
+    """The config of a response store, once per backend: a SQLite file, the real Redis, a real
+    Redis Cluster (design.md 9.9)."""
     if request.param == "sqlite":
         return {"url": f"sqlite:{tmp_path}/responses.db"}
+    prefix = f"test-{uuid.uuid4().hex}:"
+    if request.param == "cluster":
+        return {"url": request.getfixturevalue("redis_cluster").url, "prefix": prefix}
     server: RedisServer = request.getfixturevalue("redis_server")
-    return {"url": server.url, "prefix": f"test-{uuid.uuid4().hex}:"}
+    return {"url": server.url, "prefix": prefix}

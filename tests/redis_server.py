@@ -7,14 +7,17 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import re
 import shutil
 import signal
 import subprocess
 import time
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
 import redis
+from redis.crc import key_slot
 from redis.exceptions import RedisError
 
 from tests.harness import free_port
@@ -81,6 +84,13 @@ class RedisServer:
             self._process.kill()
             self._process.wait()
             self._process = None
+
+
+def until(done: Callable[[], bool], within: float, what: str) -> None:
+    deadline = time.monotonic() + within
+    while not done():
+        assert time.monotonic() < deadline, f"not within {within} s: {what}"
+        time.sleep(0.05)
 
 
 def sentinel_binary() -> list[str] | None:
@@ -184,12 +194,7 @@ class SentinelGroup:
         except RedisError:
             return None
 
-    @staticmethod
-    def until(done: Callable[[], bool], within: float, what: str) -> None:
-        deadline = time.monotonic() + within
-        while not done():
-            assert time.monotonic() < deadline, f"not within {within} s: {what}"
-            time.sleep(0.05)
+    until = staticmethod(until)
 
     def stop(self) -> None:
         for process in self._sentinels:
@@ -198,3 +203,117 @@ class SentinelGroup:
         self._sentinels.clear()
         self.replica.stop()
         self.primary.stop()
+
+
+def cluster_binary() -> str | None:
+    """A redis-server that runs a cluster on any free ports (7.0 or later: `--cluster-port`)."""
+    server = redis_binary()
+    if server is None or redis_binary("redis-cli") is None:
+        return None
+    version = subprocess.run([server, "--version"], capture_output=True, text=True, check=False).stdout
+    found = re.search(r"v=(\d+)\.", version)
+    return server if found and int(found.group(1)) >= 7 else None
+
+
+class Cluster:
+    """A Redis Cluster of real processes on free loopback ports: three primaries, each with a
+    replica, created by `redis-cli --cluster create` as an operator would, with a node taken for
+    failed after 1 s unanswered, so that a replica is promoted within seconds of its primary's
+    death."""
+
+    def __init__(self, directory: Path) -> None:
+        self.nodes: list[RedisServer] = []
+        for i in range(6):
+            (directory / f"node-{i}").mkdir(parents=True, exist_ok=True)
+            cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000")
+            # The bus on a port of its own: port + 10000, its default, is past 65535 for a high free port.
+            cluster += ("--cluster-port", str(free_port()))
+            # A replica that lost its primary is promoted however long the link was down; its first
+            # sync starts at once (Redis 7 waits 5 s for more replicas: none will come).
+            promoted = ("--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0")
+            # A replica is listed (CLUSTER SLOTS) once it holds an offset: its primary pings it each second.
+            promoted += ("--repl-ping-replica-period", "1")
+            self.nodes.append(RedisServer(directory / f"node-{i}", *cluster, *promoted))
+
+    @property
+    def url(self) -> str:
+        """Two nodes named: the client learns the rest from either."""
+        return "redis+cluster://" + ",".join(f"127.0.0.1:{node.port}" for node in self.nodes[:2])
+
+    def start(self) -> None:
+        cli = redis_binary("redis-cli")
+        assert cli, "no redis-cli (it comes with redis-server)"
+        for node in self.nodes:
+            node.start()
+        addresses = [f"127.0.0.1:{node.port}" for node in self.nodes]
+        subprocess.run(
+            [cli, "--cluster", "create", *addresses, "--cluster-replicas", "1", "--cluster-yes"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=60,
+        )
+        until(self.ready, 30, "every node sees the cluster whole, each primary with its replica")
+
+    def ready(self) -> bool:
+        """Every node sees the cluster whole, and each primary's replica has its copy (a replica
+        not yet in sync is not listed, nor promoted)."""
+        slots = self._slots()
+        return len(slots) == 3 and all(copies for *_, copies in slots) and all(map(self._ok, self.nodes))
+
+    @staticmethod
+    def _ok(node: RedisServer) -> bool:
+        try:
+            with redis.Redis(port=node.port, socket_timeout=0.5, decode_responses=True) as client:
+                return bool(client.cluster("info")["cluster_state"] == "ok")
+        except RedisError:
+            return False
+
+    def _slots(self) -> list[tuple[int, int, RedisServer, list[RedisServer]]]:
+        """Each range of slots, its primary and its replicas, as the first node that answers sees them."""
+        by_port = {server.port: server for server in self.nodes}
+        for node in self.nodes:
+            try:
+                with redis.Redis(port=node.port, socket_timeout=0.5) as client:
+                    ranges = client.execute_command("CLUSTER", "SLOTS")
+            except RedisError:
+                continue
+            return [
+                (int(start), int(end), by_port[int(primary[1])], [by_port[int(copy[1])] for copy in copies])
+                for start, end, primary, *copies in ranges
+            ]
+        return []
+
+    def primaries(self) -> dict[int, RedisServer]:
+        """The primary of each range of slots, by its first slot."""
+        return {start: primary for start, _end, primary, _copies in self._slots()}
+
+    def node_of(self, key: str) -> RedisServer:
+        """The primary that serves `key`'s slot now."""
+        number = key_slot(key.encode())
+        return next(primary for start, end, primary, _copies in self._slots() if start <= number <= end)
+
+    def replica_of(self, primary: RedisServer) -> RedisServer:
+        return next(copies[0] for _start, _end, node, copies in self._slots() if node is primary)
+
+    def stop(self) -> None:
+        for node in self.nodes:
+            node.stop()
+
+
+def command_calls(url: str) -> Counter[str]:
+    """How many times each command ran, as Redis counts them (INFO commandstats): on the server
+    of a `redis://` URL, or over every primary of a `redis+cluster://` one's cluster."""
+    if url.startswith("redis+cluster://"):
+        host, _, port = url.removeprefix("redis+cluster://").split(",")[0].partition(":")
+        with redis.Redis(host=host, port=int(port)) as seed:
+            nodes = [(primary[0].decode(), int(primary[1])) for _s, _e, primary, *_ in seed.execute_command("CLUSTER", "SLOTS")]
+    else:
+        address = redis.Redis.from_url(url).get_connection_kwargs()
+        nodes = [(address["host"], int(address["port"]))]
+    calls: Counter[str] = Counter()
+    for host, port in nodes:
+        with redis.Redis(host=host, port=port) as node:
+            for name, stats in node.info("commandstats").items():
+                calls[name.removeprefix("cmdstat_")] += int(stats["calls"])
+    return calls

@@ -15,7 +15,6 @@ import msgspec
 import openai
 import orjson
 import pytest
-import redis.asyncio
 
 from proxy.config import parse
 from proxy.errors import StoreUnavailable
@@ -26,7 +25,7 @@ from tests.client import LOGPROBS, envelope, eventually, parse_sse, read_events,
 from tests.events import sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 from tests.harness import BODY, post
-from tests.redis_server import RedisServer
+from tests.redis_server import RedisServer, command_calls
 
 WORDS = [f"w{i} " for i in range(30)]
 
@@ -512,19 +511,15 @@ class StoreReads:
 
     def __init__(self, kept: ResponseStore, store: dict[str, Any]) -> None:
         self._sqlite: list[str] = []
-        self._redis = None if store["url"].startswith("sqlite:") else redis.asyncio.Redis.from_url(store["url"])
+        self._redis = None if store["url"].startswith("sqlite:") else store["url"]
         if self._redis is None:
             kept.backend._connection().set_trace_callback(self._sqlite.append)  # type: ignore[attr-defined]
 
     async def count(self) -> int:
         if self._redis is None:
             return sum(statement.startswith("SELECT seq, event") and " AND seq > " in statement for statement in self._sqlite)
-        stats = await self._redis.info("commandstats")
-        return sum(stats.get(f"cmdstat_{command}", {}).get("calls", 0) for command in ("xread", "xrange"))
-
-    async def close(self) -> None:
-        if self._redis is not None:
-            await self._redis.aclose()
+        calls = command_calls(self._redis)
+        return calls["xread"] + calls["xrange"]
 
 
 async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upstream: FakeUpstream, store: dict[str, Any]) -> None:
@@ -534,29 +529,26 @@ async def test_a_follower_where_the_run_is_kept_is_handed_its_events_unread(upst
     still gets, within a poll interval, what another replica kept after a takeover."""
     async with replicas_of(replica_config(upstream, store).store) as (here, there):
         reads = StoreReads(here, store)
-        try:
-            await here.claim("resp_1", "owner", "token", 10.0, Runs(10, 10))
-            await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")], "token")
-            before = await reads.count()
-            follower = asyncio.create_task(here.events("resp_1", 1, 5))
-            await asyncio.sleep(0.01)
-            await here.append("resp_1", [(2, b"event 2")], "token")
-            assert await follower == [(2, b"event 2")]
-            await there.append("resp_1", [(3, b"event 3")], "token")  # as if read before here saw it kept
-            follower = asyncio.create_task(here.events("resp_1", 3, 5))
-            await asyncio.sleep(0.01)
-            await here.append("resp_1", [(4, b"event 4")], "token")
-            assert await follower == [(4, b"event 4")]
-            assert await reads.count() == before
-            assert await here.events("resp_1", 2, 5) == [(3, b"event 3"), (4, b"event 4")]  # behind the last batch
-            assert await reads.count() > before
-            follower = asyncio.create_task(here.events("resp_1", 4, 5))
-            await asyncio.sleep(0.01)
-            await there.append("resp_1", [(5, b"event 5 from a takeover")], "token")
-            async with asyncio.timeout(1):
-                assert await follower == [(5, b"event 5 from a takeover")]
-        finally:
-            await reads.close()
+        await here.claim("resp_1", "owner", "token", 10.0, Runs(10, 10))
+        await here.append("resp_1", [(0, b"event 0"), (1, b"event 1")], "token")
+        before = await reads.count()
+        follower = asyncio.create_task(here.events("resp_1", 1, 5))
+        await asyncio.sleep(0.01)
+        await here.append("resp_1", [(2, b"event 2")], "token")
+        assert await follower == [(2, b"event 2")]
+        await there.append("resp_1", [(3, b"event 3")], "token")  # as if read before here saw it kept
+        follower = asyncio.create_task(here.events("resp_1", 3, 5))
+        await asyncio.sleep(0.01)
+        await here.append("resp_1", [(4, b"event 4")], "token")
+        assert await follower == [(4, b"event 4")]
+        assert await reads.count() == before
+        assert await here.events("resp_1", 2, 5) == [(3, b"event 3"), (4, b"event 4")]  # behind the last batch
+        assert await reads.count() > before
+        follower = asyncio.create_task(here.events("resp_1", 4, 5))
+        await asyncio.sleep(0.01)
+        await there.append("resp_1", [(5, b"event 5 from a takeover")], "token")
+        async with asyncio.timeout(1):
+            assert await follower == [(5, b"event 5 from a takeover")]
 
 
 async def test_sqlite_takes_the_appends_of_one_loop_turn_in_one_transaction(upstream: FakeUpstream, tmp_path) -> None:

@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import aiohttp
 import msgspec
 import orjson
+import pytest
 import redis.asyncio
 
 from proxy.appkeys import RUNTIME
@@ -41,6 +42,8 @@ class Kept:
         assert kept is not None
         self.store: ResponseStore = kept
         url = store["url"]
+        if url.startswith("redis+cluster://"):
+            pytest.skip("counts what one Redis server is sent (MONITOR): test_store_cluster.py counts a cluster's")
         self._path = url.removeprefix("sqlite:") if url.startswith("sqlite:") else None
         self._redis = None if self._path else redis.asyncio.Redis.from_url(url)
         self._prefix = store.get("prefix", "")
@@ -211,6 +214,8 @@ async def keep_legacy(store: dict[str, Any], records: dict[str, bytes]) -> None:
             )
         db.close()
         return
+    if store["url"].startswith("redis+cluster://"):
+        pytest.skip("a cluster's store began with links (design.md 9.9): it holds no record of before")
     client = redis.asyncio.Redis.from_url(store["url"])
     for id, record in records.items():
         await client.set(f"{store['prefix']}response:{id}", record, ex=3600)

@@ -14,6 +14,7 @@ import orjson
 import pytest
 
 from proxy.config import parse
+from proxy.store.redis import RedisBackend
 from tests.client import LOGPROBS, envelope, read_events, validate_response
 from tests.events import as_response_logprob
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
@@ -366,7 +367,8 @@ async def test_the_redis_list_pages_past_records_gone_and_its_indexes_forget_the
 ) -> None:
     """A record that expired (here: deleted under the proxy, as Redis expires it) leaves its id
     in the owner's index until met: a page still holds `limit` responses and says whether more
-    remain; a put drops from the indexes the ids older than records live."""
+    remain; a put drops from its owner's index the ids older than records live, a sweep from the
+    index of all."""
     import redis.asyncio as aioredis
 
     prefix = f"test-{time.time_ns()}:"
@@ -382,8 +384,12 @@ async def test_the_redis_list_pages_past_records_gone_and_its_indexes_forget_the
         async with http.get(f"{url}/v1/responses?limit=2") as page:
             first = await page.json()
         assert [r["id"] for r in first["data"]] == [listed[0], listed[2]] and first["has_more"] is True
-        await asyncio.sleep(3.1)  # every record expired: a new one's put drops them from the indexes
+        await asyncio.sleep(3.1)  # every record expired: a new one's put drops them from its owner's index
         await create(http, url, {"model": "m", "input": "later"}, stream=False)
-        assert await client.zcard(f"{prefix}owned:") == 1 and await client.zcard(f"{prefix}responses") == 1
+        assert await client.zcard(f"{prefix}owned:") == 1 and await client.zcard(f"{prefix}responses") == 5
+        sweeper = RedisBackend(redis_server.url, prefix, 2, 100, 2.0, 4)  # a sweep, as every 64 writes make
+        await sweeper.sweep()
+        await sweeper.close()
+        assert await client.zcard(f"{prefix}responses") == 1
     finally:
         await client.aclose()

@@ -39,6 +39,19 @@ def new_id(prefix: str) -> str:
     return f"{prefix}_{os.urandom(16).hex()}"
 
 
+# The responses of one chain share the first characters of their ids (`resp_` and 8 random
+# hex digits, the chain's first response's): a Redis Cluster store keeps a chain on one slot by
+# them, so that it is read in one step (design.md 9.9).
+CHAIN_TAG = len("resp_") + 8
+
+
+def continuing(id: str, previous: str | None) -> str:
+    """A new response's id `id`, begun as the response it continues (`previous`) begins."""
+    if previous is None or not previous.startswith("resp_") or len(previous) < CHAIN_TAG:
+        return id
+    return previous[:CHAIN_TAG] + id[CHAIN_TAG:]
+
+
 def running(response: dict[str, Any]) -> bool:
     """Whether a background response is still running (a foreground one is kept once ended)."""
     return bool(response.get("background")) and response["status"] in RUNNING

@@ -1,6 +1,10 @@
-"""The shared backend: Redis, so that a response created on one replica is readable and
-chainable on every other. Records and items are keys that expire on their own; a sorted set of
-response ids by age bounds how many are kept."""
+"""The shared backend: Redis (one server, a Sentinel-watched primary, or a cluster), so that a
+response created on one replica is readable and chainable on every other. Records are keys that
+expire on their own; a sorted set of response ids by age bounds how many are kept.
+
+On a cluster every script touches one slot (design.md 9.9): a response's record, events and
+fence share its chain's tag, the runs' leases share one tag of their own, and what spans slots
+(an item's pointer, the indexes) is written before the record that makes it visible."""
 
 from __future__ import annotations
 
@@ -13,8 +17,9 @@ from typing import Any, TypeVar, cast
 import msgspec
 import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
-from redis.exceptions import ResponseError
+from redis.exceptions import ClusterError, ResponseError
 
 from .backend import (
     Claim,
@@ -35,14 +40,21 @@ log = logging.getLogger("proxy.store")
 T = TypeVar("T")
 # The sentinels' addresses, the service they watch, its database, its user and password.
 Sentinels = tuple[list[tuple[str, int]], str, int, str | None, str | None]
+# A cluster's nodes to begin from, its user and password, whether over TLS.
+ClusterNodes = tuple[list[tuple[str, int]], str | None, str | None, bool]
+# How many of a response id's first characters tag its keys on a cluster: `resp_` and the 8 hex
+# digits a chain's responses share (`responses.lifecycle.continuing`, design.md 9.9).
+_CHAIN_TAG = 13
 # The longest a call's routing waits on the session map: a Redis answers in a millisecond when
 # well, and a call is routed by its hash alone when not.
 _ROUTING_WAIT = 0.25
 _RETRY = 5.0  # seconds a failing session map is left alone
+_MIGRATING = 0.05  # seconds between the tries of a command its slot's migration refused
 
 # A run's lease lives in a sorted set (score: when it ends) and its owner, holder and cancel flag
 # in a hash; claiming within the caps, renewing and taking over read and write them in one step.
-# The claim reads every running run's hash by its name: one Redis server, not a cluster.
+# The claim reads every running run's hash by its name: on a cluster they share the sorted set's
+# tag, `{runs}`, so the caps stay exact (design.md 9.9).
 _CLAIM = """
 local running = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[2], '+inf')
 local mine = 0
@@ -76,45 +88,40 @@ if lease_end and tonumber(lease_end) < tonumber(ARGV[2]) then
 end
 return 0
 """
-# A write of a background run goes only while its lease (KEYS[1], the run's hash) is held by the
-# fencing token ARGV[1], checked in the script that writes (design.md 10.4); '' for a write of no
-# run. Every fenced script begins with it, its own keys and arguments after those two.
+# A write of a background run goes only while its lease is held by the fencing token ARGV[1],
+# checked in the script that writes (design.md 10.4); '' for a write of no run. KEYS[1] is the
+# run's hash (one server), or on a cluster the copy of its holder kept beside its response.
+# Every fenced script begins with it, its own keys and arguments after those two.
 _FENCE = """
 if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then
   return redis.error_reply('FENCED')
 end
 """
-# Writes of several keys go as one script: kept whole or not at all, and at half the proxy's CPU of
-# a pipeline in a transaction. A record (KEYS[2], ARGV[2]) and its items (KEYS[5...], ARGV[6...]),
-# each with the time to live ARGV[3], and its id (ARGV[5]) by age (ARGV[4]) in the index of all
-# (KEYS[3]) and in its owner's (KEYS[4], which lives as long as the owner's newest):
+# A record (KEYS[2], ARGV[2], its time to live ARGV[3]): what makes a response visible, written
+# last (design.md 9.9).
 _PUT = (
     _FENCE
     + """
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
-for i = 5, #KEYS do
-  redis.call('SET', KEYS[i], ARGV[i + 1], 'EX', ARGV[3])
-end
-redis.call('ZADD', KEYS[3], ARGV[4], ARGV[5])
-redis.call('ZADD', KEYS[4], ARGV[4], ARGV[5])
-redis.call('EXPIRE', KEYS[4], ARGV[3])
--- Ids made longer ago than records live have expired with their records: out of the indexes.
-local expired = '(' .. (tonumber(ARGV[4]) - tonumber(ARGV[3]))
-redis.call('ZREMRANGEBYSCORE', KEYS[3], '-inf', expired)
-redis.call('ZREMRANGEBYSCORE', KEYS[4], '-inf', expired)
 """
 )
 # A chain read in one step (design.md 9.4): from the response ARGV[1] back along each record's
-# link, while each is kept and its owner is ARGV[2]; the records (keys ARGV[3] .. id), newest
-# first, after the id of the link where the walk stopped ('' when it reached the chain's first
-# response). The owner and the link are read where `encode_stored` writes them, first in the
-# record: a link costs the one GET of the record the walk returns anyway, where a key of its own
-# would be a second read a link, and a second key to write, expire and delete with each record.
-# Records are named here, not passed: one Redis server, not a cluster (as `_CLAIM`).
+# link, while each is kept, its owner is ARGV[2] and (on a cluster) its id begins with the tag
+# ARGV[4]; the records (keys ARGV[3] .. id), newest first, after the id of the link where the
+# walk stopped ('' when it reached the chain's first response) and whether it stopped at a link of
+# another tag, on another slot ('1'), to be walked on from there. The owner and the link are read
+# where `encode_stored` writes them, first in the record: a link costs the one GET of the record
+# the walk returns anyway, where a key of its own would be a second read a link, and a second key
+# to write, expire and delete with each record. The links' keys are named here, not passed: a
+# chain's share its first key's slot (its tag).
 _CHAIN = """
-local found = {''}
+local found = {'', ''}
 local id = ARGV[1]
 while id do
+  if string.sub(id, 1, #ARGV[4]) ~= ARGV[4] then
+    found[1], found[2] = id, '1'
+    return found
+  end
   local record = redis.call('GET', ARGV[3] .. id)
   local owner, link = nil, nil
   if record then
@@ -162,8 +169,14 @@ end
 """
 
 
-# The oldest ids in the index of all (KEYS[1]) past the bound ARGV[1], taken out of it.
+# The index of all (KEYS[1]) without the ids made longer (ARGV[2], records' time to live) before
+# its newest (their records expired with them), then its oldest past the bound ARGV[1], taken out
+# of it and returned.
 _SURPLUS = """
+local newest = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
+if newest then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (tonumber(newest) - tonumber(ARGV[2])))
+end
 local surplus = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
 if surplus <= 0 then
   return {}
@@ -200,8 +213,10 @@ end
 
 
 class _ItemEntry(msgspec.Struct):
+    """An item's pointer: the response whose record holds it. (One kept before pointers holds
+    the item too, unread: the record is what answers.)"""
+
     response_id: str
-    item: msgspec.Raw
 
 
 _Entries = list[tuple[bytes, dict[bytes, bytes]]]  # a stream's entries: (id, fields)
@@ -210,8 +225,8 @@ _decode_entry = msgspec.json.Decoder(_ItemEntry).decode
 
 
 class RedisBackend:
-    """Records, event log and leases (`backend.Backend`) on one Redis server. A read of events
-    blocks on the stream, so an append on any replica wakes it."""
+    """Records, event log and leases (`backend.Backend`) on Redis. A read of events blocks on the
+    stream, so an append on any replica wakes it."""
 
     def __init__(
         self,
@@ -222,33 +237,50 @@ class RedisBackend:
         timeout: float,
         max_connections: int,
         sentinel: Sentinels | None = None,
+        cluster: ClusterNodes | None = None,
     ) -> None:
         """`sentinel`: the Sentinels that name the primary, its database and credentials, as the
-        config reads a `redis+sentinel://` URL (9.1); else `url` is the one server's."""
+        config reads a `redis+sentinel://` URL (9.1); `cluster`: a cluster's nodes (9.9); else
+        `url` is the one server's."""
         # No socket timeout: every operation is bounded by the store's own (design.md 9.1), a
         # blocking read of a background response's events by its wait as well, and redis-py
         # drops a connection whose command was cancelled. A socket timeout would cut those
         # reads, and wraps every command's send in a task of its own. A full pool is waited for
         # (within the operation's time), not failed at once (9.8).
-        pooling: dict[str, Any] = {
-            "max_connections": max_connections,
-            "timeout": None,
-            "socket_timeout": None,
-            "socket_connect_timeout": timeout,
-        }
+        pooling: dict[str, Any] = {"socket_timeout": None, "socket_connect_timeout": timeout}
         self._sentinel: Sentinel | None = None
-        self._redis: Redis  # its pool closed with it
-        if sentinel is not None:
+        self._redis: Redis | RedisCluster  # its pool closed with it
+        if cluster is not None:
+            nodes, username, password, tls = cluster
+            seeds = [ClusterNode(host, port) for host, port in nodes]
+            self._redis = _Cluster(
+                max_connections, startup_nodes=seeds, username=username, password=password, ssl=tls, **pooling
+            )
+        elif sentinel is not None:
             sentinels, service, db, username, password = sentinel
             # A sentinel answers in a millisecond when well: one that does not is passed over
             # for the next within the store's time, not waited on past it.
             asked = {"socket_timeout": timeout, "socket_connect_timeout": timeout}
             self._sentinel = Sentinel(sentinels, sentinel_kwargs=asked)
             self._redis = self._sentinel.master_for(
-                service, connection_pool_class=_SentinelPool, db=db, username=username, password=password, **pooling
+                service,
+                connection_pool_class=_SentinelPool,
+                db=db,
+                username=username,
+                password=password,
+                max_connections=max_connections,
+                timeout=None,
+                **pooling,
             )
         else:
-            self._redis = Redis.from_pool(BlockingConnectionPool.from_url(url, **pooling))
+            pool = BlockingConnectionPool.from_url(url, max_connections=max_connections, timeout=None, **pooling)
+            self._redis = Redis.from_pool(pool)
+        # Keys read together in one command where they share a slot; on a cluster, a command a node.
+        self._mget = self._redis.mget_nonatomic if isinstance(self._redis, RedisCluster) else self._redis.mget
+        # On a cluster a key's `{...}` names its slot (9.9): a response's keys are tagged by its
+        # chain, the runs' leases all by one tag. On one server the keys are as they always were.
+        self._tagged = cluster is not None
+        self._leases = f"{prefix}{{runs}}" if self._tagged else prefix
         # Reads that block on a stream hold a connection for their whole wait: at most a quarter
         # of the pool does; past it, a read answers at once and its reader polls (9.8).
         self._blocking = asyncio.Semaphore(max(1, max_connections // 4))
@@ -267,8 +299,27 @@ class RedisBackend:
         self._max = max_responses
         self._timeout = timeout
 
+    def _tag(self, id: str) -> str:
+        """The `{...}` that puts the keys of a response (its chain's) or a conversation on one slot."""
+        return f"{{{id[:_CHAIN_TAG]}}}" if self._tagged else ""
+
     def _response_key(self, id: str) -> str:
-        return f"{self._prefix}response:{id}"
+        return f"{self._prefix}response:{self._tag(id)}{id}"
+
+    def _events_key(self, id: str) -> str:
+        return f"{self._prefix}events:{self._tag(id)}{id}"
+
+    def _fence_key(self, id: str) -> str:
+        """What a run's writes are checked against: its lease's hash on one server; on a cluster,
+        a copy of its holder beside its response, set by each claim and takeover (10.4, 9.9)."""
+        return f"{self._prefix}run:{self._tag(id)}{id}"
+
+    def _run_key(self, id: str) -> str:
+        return f"{self._leases}run:{id}"
+
+    @property
+    def _runs(self) -> str:
+        return f"{self._leases}runs"
 
     def _item_key(self, owner: str, id: str) -> str:
         return f"{self._prefix}item:{owner}:{id}"
@@ -277,58 +328,69 @@ class RedisBackend:
     def _index(self) -> str:
         return f"{self._prefix}responses"
 
-    def _conversation_key(self, id: str) -> str:
-        return f"{self._prefix}conversation:{id}"
-
     def _owned(self, owner: str) -> str:
         return f"{self._prefix}owned:{owner}"
 
-    @property
-    def _runs(self) -> str:
-        return f"{self._prefix}runs"
-
-    def _events_key(self, id: str) -> str:
-        return f"{self._prefix}events:{id}"
-
-    def _run_key(self, id: str) -> str:
-        return f"{self._prefix}run:{id}"
+    def _conversation_key(self, id: str) -> str:
+        return f"{self._prefix}conversation:{self._tag(id)}{id}"
 
     async def put(self, stored: StoredResponse, items: bool, fence: str | None) -> None:
-        found = referable_items(stored) if items else []
-        keys = [
-            self._run_key(stored.id),
-            self._response_key(stored.id),
-            self._index,
-            self._owned(stored.owner),
-            *(self._item_key(stored.owner, item_id) for item_id, _ in found),
-        ]
-        entries = (_encode_entry(_ItemEntry(stored.id, msgspec.Raw(item))) for _, item in found)
-        args: list[bytes | str | int] = [fence or "", encode_stored(stored), self._ttl, stored.created_at, stored.id]
-        await _fenced(self._put(keys=keys, args=[*args, *entries]))
+        """Its items' pointers and its places in the indexes first, its record last: a reader
+        meets the response whole or not at all (an index entry, a pointer whose record is missing
+        answers nothing), on one server or across a cluster's slots (9.9)."""
+        pointer = _encode_entry(_ItemEntry(stored.id))
+        owned = self._owned(stored.owner)
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for item_id, _ in referable_items(stored) if items else ():
+                pipe.set(self._item_key(stored.owner, item_id), pointer, ex=self._ttl)
+            pipe.zadd(self._index, {stored.id: stored.created_at})  # its expired ids go at a sweep
+            pipe.zadd(owned, {stored.id: stored.created_at})
+            # Ids made longer ago than records live expired with them: out of the owner's index,
+            # which lives as long as its newest.
+            pipe.zremrangebyscore(owned, "-inf", f"({stored.created_at - self._ttl}")
+            pipe.expire(owned, self._ttl)
+            await pipe.execute()
+        keys = [self._fence_key(stored.id), self._response_key(stored.id)]
+        await _fenced(self._put(keys=keys, args=[fence or "", encode_stored(stored), self._ttl]))
 
     async def sweep(self) -> None:
-        """Redis expires keys itself: the oldest responses past the size bound go, with their
-        items. The surplus is counted and taken out of the index in one step, so that sweeps
-        that run together on several replicas trim it once, down to the bound and no further."""
-        for id in cast("list[bytes]", await self._surplus(keys=[self._index], args=[self._max])):
+        """Redis expires keys itself: the oldest responses past the size bound go. The surplus is
+        counted and taken out of the index in one step, so that sweeps that run together on
+        several replicas trim it once, down to the bound and no further."""
+        for id in cast("list[bytes]", await self._surplus(keys=[self._index], args=[self._max, self._ttl])):
             await self._remove(id.decode(), None)
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
-        found = await self._redis.mget([self._response_key(id) for id in ids])
+        found = await self._mget([self._response_key(id) for id in ids])
         kept = [decode_stored(data) for data in found if data is not None]
         return {stored.id: stored for stored in kept if stored.owner == owner}
 
     async def chain(self, id: str, owner: str) -> tuple[list[StoredResponse], str | None]:
-        stopped, *records = await self._chain(args=[id, owner, self._response_key("")])
-        return [decode_stored(record) for record in reversed(records)], stopped.decode() or None
+        """One script a slot the chain's links are on: one, unless the chain changed its tag."""
+        newest_first: list[bytes] = []
+        while True:
+            tag = id[:_CHAIN_TAG] if self._tagged else ""
+            args = [id, owner, f"{self._prefix}response:{self._tag(id)}", tag]
+            stopped, elsewhere, *records = await self._chain(keys=[self._response_key(id)], args=args)
+            newest_first += records
+            if elsewhere != b"1":
+                break
+            id = stopped.decode()
+        return [decode_stored(record) for record in reversed(newest_first)], stopped.decode() or None
 
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
-        found = await self._redis.mget([self._item_key(owner, id) for id in ids])
-        return {id: bytes(_decode_entry(data).item) for id, data in zip(ids, found, strict=True) if data is not None}
+        """Each item as the record its pointer names holds it: an item is answered only while
+        that record is kept, with the bytes it keeps."""
+        pointers = await self._mget([self._item_key(owner, id) for id in ids])
+        named = {id: _decode_entry(data).response_id for id, data in zip(ids, pointers, strict=True) if data}
+        records = await self.get(list(set(named.values())), owner) if named else {}
+        held = {response_id: dict(referable_items(stored)) for response_id, stored in records.items()}
+        return {id: held[response_id][id] for id, response_id in named.items() if id in held.get(response_id, {})}
 
     async def recent(self, owner: str, after: str | None, limit: int) -> list[StoredResponse] | None:
         """Newest first, as a sorted set of equal scores orders them (by id, backwards); an id
-        whose record expired is dropped from the owner's index as it is met."""
+        whose record is not there (expired, dropped past the size bound, or its write not yet
+        ended) is passed over."""
         owned = self._owned(owner)
         start = 0
         if after is not None:
@@ -341,35 +403,26 @@ class RedisBackend:
             newest = cast("list[bytes]", await self._redis.zrevrange(owned, start, start + limit - len(found) - 1))
             if not newest:
                 break
-            ids = [id.decode() for id in newest]
-            records = await self._redis.mget([self._response_key(id) for id in ids])
-            gone = [id for id, data in zip(ids, records, strict=True) if data is None]
-            if gone:  # expired, or dropped past the size bound: the ranks after them move up
-                await self._redis.zrem(owned, *gone)
+            records = await self._mget([self._response_key(id.decode()) for id in newest])
             found += [decode_stored(data) for data in records if data is not None]
-            start += len(ids) - len(gone)
+            start += len(newest)
         return found
 
     async def delete(self, id: str, owner: str) -> bool:
         return await self._remove(id, owner)
 
     async def _remove(self, id: str, owner: str | None) -> bool:
-        """Delete a response (only `owner`'s, when given) and the items that still name it."""
+        """Delete a response (only `owner`'s, when given) and its events; its items' pointers
+        name a record no longer kept, and expire."""
         data = await self._redis.get(self._response_key(id))
         stored = None if data is None else decode_stored(data)
         if stored is None or (owner is not None and stored.owner != owner):
             return False
-        keys = [self._item_key(stored.owner, item_id) for item_id, _ in referable_items(stored)]
-        entries = await self._redis.mget(keys) if keys else []
-        # An item id a later response repeated (a client's own input id) now names that one.
-        mine = [
-            key
-            for key, entry in zip(keys, entries, strict=True)
-            if entry is not None and _decode_entry(entry).response_id == id
-        ]
-        await self._redis.delete(self._response_key(id), self._events_key(id), *mine)
-        await self._redis.zrem(self._index, id)
-        await self._redis.zrem(self._owned(stored.owner), id)
+        await self._redis.delete(self._response_key(id), self._events_key(id))  # one slot
+        async with self._redis.pipeline(transaction=False) as pipe:
+            pipe.zrem(self._index, id)
+            pipe.zrem(self._owned(stored.owner), id)
+            await pipe.execute()
         return True
 
     async def conversation(self, id: str, owner: str) -> StoredConversation | None:
@@ -397,7 +450,7 @@ class RedisBackend:
 
     async def append(self, id: str, events: list[Event], fence: str) -> None:
         args = [fence, self._ttl, *(part for seq, event in events for part in (seq, event))]
-        await _fenced(self._append(keys=[self._run_key(id), self._events_key(id)], args=args))
+        await _fenced(self._append(keys=[self._fence_key(id), self._events_key(id)], args=args))
 
     async def read(self, id: str, after: int, wait: float) -> list[Event]:
         key = self._events_key(id)
@@ -418,6 +471,8 @@ class RedisBackend:
             keys=[self._runs, self._run_key(id)],
             args=[id, now, now + lease, owner, holder, self._ttl, caps.total, caps.mine, self._run_key("")],
         )
+        if taken:
+            await self._fence(id, holder)
         return Claim(taken=bool(taken), running=Runs(int(total), int(mine)))
 
     async def renew(self, id: str, holder: str, lease: float) -> Renewal:
@@ -425,6 +480,7 @@ class RedisBackend:
         return Renewal(held=bool(held), cancel=bool(cancel))
 
     async def release(self, id: str, holder: str) -> None:
+        """The lease goes; a cluster's copy of its holder stays with its response, unwritten."""
         await self._release(keys=[self._runs, self._run_key(id)], args=[id, holder])
 
     async def cancel(self, id: str) -> None:
@@ -433,7 +489,20 @@ class RedisBackend:
 
     async def take(self, id: str, holder: str, lease: float) -> bool:
         now = time.time()
-        return bool(await self._take(keys=[self._runs, self._run_key(id)], args=[id, now, now + lease, holder]))
+        taken = bool(await self._take(keys=[self._runs, self._run_key(id)], args=[id, now, now + lease, holder]))
+        if taken:
+            await self._fence(id, holder)
+        return taken
+
+    async def _fence(self, id: str, holder: str) -> None:
+        """On a cluster, the lease just won is copied beside the response, where its writes are
+        checked: from then on, and before the winner writes, the holder it replaced is refused
+        (10.4). On one server the lease's own hash is what they are checked against."""
+        if self._fence_key(id) != self._run_key(id):
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.hset(self._fence_key(id), "holder", holder)
+                pipe.expire(self._fence_key(id), self._ttl)
+                await pipe.execute()
 
     async def expired(self) -> list[tuple[str, str]]:
         return await self._owners("-inf", f"({time.time()}")
@@ -458,6 +527,46 @@ class RedisBackend:
         return RedisAffinity(self._redis, f"{self._prefix}session:{upstream}:", ttl, wait)
 
 
+class _Cluster(RedisCluster):
+    """A cluster client whose commands wait for a connection when `max_connections` are in use,
+    as a full pool is waited for on one server (9.8), where redis-py's cluster client raises
+    `MaxConnectionsError`: the commands of this process in flight at once are bounded, and so
+    each node's connections, since a command (a pipeline) holds at most one a node."""
+
+    def __init__(self, max_connections: int, **settings: Any) -> None:
+        super().__init__(max_connections=max_connections, **settings)
+        self._in_flight = asyncio.Semaphore(max_connections)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """A command refused while its slot migrates is sent again until it runs: a script
+        whose keys are split between the two nodes (TRYAGAIN, which redis-py gives up on
+        within a few tries), or that reads a key already moved away (its links, the runs' hashes:
+        refused before any write). The store's time limit bounds the wait (9.9)."""
+        async with self._in_flight:
+            while True:
+                try:
+                    return await super().execute_command(*args, **kwargs)
+                except ClusterError:  # TRYAGAIN past redis-py's tries ("TTL exhausted")
+                    pass
+                except ResponseError as error:
+                    if "non local key" not in str(error):
+                        raise
+                await asyncio.sleep(_MIGRATING)
+
+    def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
+        return _ClusterPipeline(self, self._in_flight)  # type: ignore[abstract]  # as redis-py makes its own
+
+
+class _ClusterPipeline(ClusterPipeline):
+    def __init__(self, client: RedisCluster, in_flight: asyncio.Semaphore) -> None:
+        super().__init__(client)
+        self._in_flight = in_flight
+
+    async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
+        async with self._in_flight:
+            return await super().execute(raise_on_error, allow_redirections)
+
+
 class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """The primary's address asked of the sentinels at each new connection, and a full pool waited
     for (9.8). `SentinelConnectionPool` overrides none of the waiting (`get_connection`,
@@ -472,7 +581,7 @@ class RedisAffinity:
     past that, or when Redis fails, the session is routed by its hash alone, and the map is not
     asked again for `_RETRY` seconds, so that an outage costs each call nothing (design.md 11.3)."""
 
-    def __init__(self, redis: Redis, prefix: str, ttl: float, timeout: float) -> None:
+    def __init__(self, redis: Redis | RedisCluster, prefix: str, ttl: float, timeout: float) -> None:
         self._redis = redis
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
