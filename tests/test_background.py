@@ -622,5 +622,6 @@ async def test_a_takeover_fences_out_the_holder_it_took_the_run_from(upstream: F
         assert await taker.events("resp_1", -1, 0) == [(0, b"event 0"), (1, b"failed, by the taker")]
         assert bytes((await taker.get("resp_1", "owner")).response) == b'{"status":"in_progress","output":[]}'  # type: ignore[union-attr]
         await taker.release("resp_1", "taker-token")
-        with pytest.raises(Fenced):  # no lease at all: a run that ended takes no more writes
-            await stale.append("resp_1", [(2, b"late")], "stale-token")
+        for token in ("stale-token", "taker-token"):  # no lease at all: a run that ended takes no more writes
+            with pytest.raises(Fenced):
+                await stale.append("resp_1", [(2, b"late")], token)

@@ -9,6 +9,7 @@ fence share its chain's tag, the runs' leases share one tag of their own, and wh
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
@@ -159,6 +160,13 @@ end
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 """
 )
+# A cluster's copy of a run's holder (KEYS[1]) goes with its lease, if the token ARGV[1] holds it.
+_UNFENCE = (
+    _FENCE
+    + """
+redis.call('DEL', KEYS[1])
+"""
+)
 # A run's end: its lease (KEYS[1], a sorted set of ARGV[1]) and its hash (KEYS[2]) go, if the
 # fencing token ARGV[2] still holds it.
 _RELEASE = """
@@ -293,6 +301,7 @@ class RedisBackend:
         self._hold = self._redis.register_script(_HOLD)
         self._let_go = self._redis.register_script(_LET_GO)
         self._release = self._redis.register_script(_RELEASE)
+        self._unfence = self._redis.register_script(_UNFENCE)
         self._surplus = self._redis.register_script(_SURPLUS)
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
@@ -480,8 +489,12 @@ class RedisBackend:
         return Renewal(held=bool(held), cancel=bool(cancel))
 
     async def release(self, id: str, holder: str) -> None:
-        """The lease goes; a cluster's copy of its holder stays with its response, unwritten."""
+        """The lease goes, and on a cluster the copy of its holder, so that a run that ended
+        takes no more writes (10.4)."""
         await self._release(keys=[self._runs, self._run_key(id)], args=[id, holder])
+        if self._fence_key(id) != self._run_key(id):
+            with contextlib.suppress(Fenced):  # another holder's: it stays
+                await _fenced(self._unfence(keys=[self._fence_key(id)], args=[holder]))
 
     async def cancel(self, id: str) -> None:
         if await self._redis.exists(self._run_key(id)):  # a flag alone would make a stray run hash
@@ -497,7 +510,8 @@ class RedisBackend:
     async def _fence(self, id: str, holder: str) -> None:
         """On a cluster, the lease just won is copied beside the response, where its writes are
         checked: from then on, and before the winner writes, the holder it replaced is refused
-        (10.4). On one server the lease's own hash is what they are checked against."""
+        (10.4). On one server the lease's own hash is what they are checked against; a release
+        takes the copy back."""
         if self._fence_key(id) != self._run_key(id):
             async with self._redis.pipeline(transaction=False) as pipe:
                 pipe.hset(self._fence_key(id), "holder", holder)
