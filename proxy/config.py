@@ -207,7 +207,7 @@ class Store(_Section, frozen=True):
 
     url: str = "sqlite:state/responses.db"
     ttl: Seconds = 30 * 24 * 3600.0  # as long as OpenAI keeps responses
-    max_responses: Annotated[int, msgspec.Meta(ge=1)] = 100_000
+    max_responses: Annotated[int, msgspec.Meta(ge=1)] = 100_000  # of each key (design.md 9.1)
     timeout: Seconds = 2.0  # for one store operation: a slow store must not hold a stream
     prefix: str = "responses-proxy:"  # of the Redis keys, so that a Redis can be shared
     # A conversation's hold, renewed every third while its writer runs: one whose process died

@@ -56,7 +56,8 @@ async def test_a_chain_lives_on_one_slot_and_is_read_in_one_script(
     upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, redis_cluster: Cluster
 ) -> None:
     """A chain's responses share their ids' tag, so its records share a slot, and a turn at
-    depth 10 reads its chain in one script and writes itself in one more, as at depth 3."""
+    depth 10 reads its chain in one script and keeps itself in two more (its owner's, then its
+    record), as at depth 3."""
     store = {"url": redis_cluster.url, "prefix": prefix()}
     url = await start_proxy(proxy_config(upstream, store))
     upstream.script(Reply(text_turn("ok")))
@@ -69,9 +70,9 @@ async def test_a_chain_lives_on_one_slot_and_is_read_in_one_script(
         scripts.append(command_calls(redis_cluster.url)["evalsha"] - before)
     assert {id[:CHAIN_TAG] for id in ids} == {ids[0][:CHAIN_TAG]}
     assert len({slot(redis_cluster, f"{store['prefix']}response:{{{id[:CHAIN_TAG]}}}{id}") for id in ids}) == 1
-    # Past the first two turns, which also load the scripts on their nodes and sweep: one to read
-    # the chain, one to write the record, however deep.
-    assert scripts[2:] == [2] * 8
+    # Past the first two turns, which also load the scripts on their nodes: one to read the chain,
+    # one to add the response to its owner's, one to write its record, however deep.
+    assert scripts[2:] == [3] * 8
     said = [m["content"] for m in upstream.requests[-1]["messages"]]
     assert said == [text for i in range(10) for text in (f"turn {i}", "ok")][:-1]
 

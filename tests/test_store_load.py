@@ -47,9 +47,11 @@ async def kept(store: ResponseStore, count: int) -> list[str]:
 
 
 async def test_sweeps_that_run_together_trim_down_to_the_bound_and_no_further(store: dict[str, Any]) -> None:
-    """design.md 9.1: rounds of 90 responses with `max_responses: 50`, swept by four replicas
-    at once: the surplus goes once, the newest 50 stay (two sweeps that both took the surplus
-    left none)."""
+    """design.md 9.1: rounds of 90 responses with `max_responses: 50`, put by four replicas at
+    once and swept by them at once: the surplus goes once, the newest 50 stay (two sweeps that
+    both took the surplus left none; in Redis each put keeps its owner's bound, and on a cluster
+    a put whose owner's step ran and was dropped by another before its record was written keeps
+    nothing, 9.9)."""
     async with replicas(store, 4, max_responses=50) as stores:
         for round in range(3):
             numbers = range(round * 90, (round + 1) * 90)

@@ -142,7 +142,8 @@ class Records(Protocol):
         ...
 
     async def sweep(self) -> None:
-        """Drop what expired, and the oldest responses past the size bound."""
+        """Drop what expired, and each owner's oldest responses past the size bound (a backend may
+        drop those at its writes, and expire keys itself: then a sweep has nothing to do)."""
         ...
 
 

@@ -98,14 +98,62 @@ if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then
   return redis.error_reply('FENCED')
 end
 """
-# A record (KEYS[2], ARGV[2], its time to live ARGV[3]): what makes a response visible, written
-# last (design.md 9.9).
+# What a response adds to its owner's: its items' pointers (KEYS[first...], `pointer`), and its id
+# by age (`at`) in the owner's index (`index`), whose ids made longer ago than records live (`ttl`)
+# go, and which lives as long as its newest; then the owner's oldest past the bound `most` (by
+# age, then id, as its list orders them, but `id` the newest of its second: one just made stays),
+# taken out of it and returned, for their records to go. On a cluster an owner's share a slot (9.9).
+_OWN = """
+local function own(index, at, id, ttl, pointer, first, most)
+  for i = first, #KEYS do
+    redis.call('SET', KEYS[i], pointer, 'EX', ttl)
+  end
+  redis.call('ZADD', index, at, id)
+  redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. (tonumber(at) - tonumber(ttl)))
+  redis.call('EXPIRE', index, ttl)
+  local surplus = redis.call('ZCARD', index) - tonumber(most)
+  local past = {}
+  if surplus > 0 then
+    local oldest = redis.call('ZRANGE', index, 0, surplus, 'WITHSCORES')
+    local staying, its_age = oldest[#oldest - 1], oldest[#oldest]
+    for i = 1, #oldest - 2, 2 do
+      past[#past + 1] = (oldest[i] == id and oldest[i + 1] == its_age) and staying or oldest[i]
+    end
+    redis.call('ZREM', index, unpack(past))
+  end
+  return past
+end
+"""
+# A record (KEYS[2], ARGV[2], its time to live ARGV[3]): what makes a response visible, unless
+# it was dropped a moment ago (KEYS[3], `_DROP`). On a cluster it is written last, alone (design.md
+# 9.9); on one server this step adds it to its owner's too (`own`: the owner's index KEYS[4], the
+# items' pointers KEYS[5...]; its id ARGV[4], by age ARGV[5], the pointer ARGV[6], the bound
+# ARGV[7]), and answers the ids past the bound.
 _PUT = (
     _FENCE
+    + _OWN
     + """
+if redis.call('EXISTS', KEYS[3]) == 1 then
+  return {}
+end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
+if #KEYS > 3 then
+  return own(KEYS[4], ARGV[5], ARGV[4], ARGV[3], ARGV[6], 5, ARGV[7])
+end
+return {}
 """
 )
+# A response dropped (past its owner's bound, or deleted): its record (KEYS[1]) and events
+# (KEYS[2]) go, and a mark (KEYS[3]) stays ARGV[1] ms, so that a write of it still in flight (on a
+# cluster its owner's step may have run, and been dropped by another put, before its record's)
+# keeps nothing.
+_DROP = """
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
+"""
+# On a cluster, what a response adds to its owner's (KEYS[1], KEYS[2...]) in a step of its own,
+# its arguments `_PUT`'s from the time to live on.
+_OWNED = _OWN + "return own(KEYS[1], ARGV[3], ARGV[2], ARGV[1], ARGV[4], 2, ARGV[5])"
 # A chain read in one step (design.md 9.4): from the response ARGV[1] back along each record's
 # link, while each is kept, its owner is ARGV[2] and (on a cluster) its id begins with the tag
 # ARGV[4]; the records (keys ARGV[3] .. id), newest first, after the id of the link where the
@@ -174,28 +222,6 @@ if redis.call('HGET', KEYS[2], 'holder') == ARGV[2] then
   redis.call('DEL', KEYS[2])
   redis.call('ZREM', KEYS[1], ARGV[1])
 end
-"""
-
-
-# The index of all (KEYS[1]) without the ids made longer (ARGV[2], records' time to live) before
-# its newest (their records expired with them), then its oldest past the bound ARGV[1], taken out
-# of it and returned.
-_SURPLUS = """
-local newest = redis.call('ZREVRANGE', KEYS[1], 0, 0, 'WITHSCORES')[2]
-if newest then
-  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', '(' .. (tonumber(newest) - tonumber(ARGV[2])))
-end
-local surplus = redis.call('ZCARD', KEYS[1]) - tonumber(ARGV[1])
-if surplus <= 0 then
-  return {}
-end
-local ids = {}
-for i, entry in ipairs(redis.call('ZPOPMIN', KEYS[1], surplus)) do
-  if i % 2 == 1 then
-    ids[#ids + 1] = entry
-  end
-end
-return ids
 """
 
 
@@ -297,16 +323,19 @@ class RedisBackend:
         self._take = self._redis.register_script(_TAKE)
         self._append = self._redis.register_script(_APPEND)
         self._put = self._redis.register_script(_PUT)
+        self._own = self._redis.register_script(_OWNED)
+        self._drop = self._redis.register_script(_DROP)
         self._chain = self._redis.register_script(_CHAIN)
         self._hold = self._redis.register_script(_HOLD)
         self._let_go = self._redis.register_script(_LET_GO)
         self._release = self._redis.register_script(_RELEASE)
         self._unfence = self._redis.register_script(_UNFENCE)
-        self._surplus = self._redis.register_script(_SURPLUS)
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
         self._timeout = timeout
+        # How long a dropped response's mark stays: past any write of it still in flight.
+        self._gone_for = round(max(60.0, 10 * timeout) * 1000)
 
     def _tag(self, id: str) -> str:
         """The `{...}` that puts the keys of a response (its chain's) or a conversation on one slot."""
@@ -317,6 +346,9 @@ class RedisBackend:
 
     def _events_key(self, id: str) -> str:
         return f"{self._prefix}events:{self._tag(id)}{id}"
+
+    def _gone_key(self, id: str) -> str:
+        return f"{self._prefix}gone:{self._tag(id)}{id}"
 
     def _fence_key(self, id: str) -> str:
         """What a run's writes are checked against: its lease's hash on one server; on a cluster,
@@ -330,44 +362,49 @@ class RedisBackend:
     def _runs(self) -> str:
         return f"{self._leases}runs"
 
-    def _item_key(self, owner: str, id: str) -> str:
-        return f"{self._prefix}item:{owner}:{id}"
+    def _owner_tag(self, owner: str) -> str:
+        """The `{...}` that puts an owner's index and its items' pointers on one slot."""
+        return f"{{owned:{owner}}}" if self._tagged else ""
 
-    @property
-    def _index(self) -> str:
-        return f"{self._prefix}responses"
+    def _item_key(self, owner: str, id: str) -> str:
+        return f"{self._prefix}item:{owner}:{self._owner_tag(owner)}{id}"
 
     def _owned(self, owner: str) -> str:
-        return f"{self._prefix}owned:{owner}"
+        return f"{self._prefix}owned:{owner}{self._owner_tag(owner)}"
 
     def _conversation_key(self, id: str) -> str:
         return f"{self._prefix}conversation:{self._tag(id)}{id}"
 
     async def put(self, stored: StoredResponse, items: bool, fence: str | None) -> None:
-        """Its items' pointers and its places in the indexes first, its record last: a reader
-        meets the response whole or not at all (an index entry, a pointer whose record is missing
-        answers nothing), on one server or across a cluster's slots (9.9)."""
-        pointer = _encode_entry(_ItemEntry(stored.id))
-        owned = self._owned(stored.owner)
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for item_id, _ in referable_items(stored) if items else ():
-                pipe.set(self._item_key(stored.owner, item_id), pointer, ex=self._ttl)
-            pipe.zadd(self._index, {stored.id: stored.created_at})  # its expired ids go at a sweep
-            pipe.zadd(owned, {stored.id: stored.created_at})
-            # Ids made longer ago than records live expired with them: out of the owner's index,
-            # which lives as long as its newest.
-            pipe.zremrangebyscore(owned, "-inf", f"({stored.created_at - self._ttl}")
-            pipe.expire(owned, self._ttl)
-            await pipe.execute()
-        keys = [self._fence_key(stored.id), self._response_key(stored.id)]
-        await _fenced(self._put(keys=keys, args=[fence or "", encode_stored(stored), self._ttl]))
+        """One server: one step. A cluster: what it adds to its owner's first, its record last,
+        so that a reader meets the response whole or not at all (an index entry or a pointer
+        whose record is missing answers nothing, 9.9). Then the records of the owner's responses
+        past the bound go."""
+        pointers = [self._item_key(stored.owner, item_id) for item_id, _ in referable_items(stored)] if items else []
+        keys = [self._fence_key(stored.id), self._response_key(stored.id), self._gone_key(stored.id)]
+        args: list[bytes | str | int] = [fence or "", encode_stored(stored), self._ttl]
+        owned = [self._owned(stored.owner), *pointers]
+        owning: list[bytes | str | int] = [
+            stored.id,
+            stored.created_at,
+            _encode_entry(_ItemEntry(stored.id)),
+            self._max,
+        ]
+        if self._tagged:
+            past = await self._own(keys=owned, args=[self._ttl, *owning])
+            await _fenced(self._put(keys=keys, args=args))
+        else:
+            past = await _fenced(self._put(keys=keys + owned, args=args + owning))
+        for id in cast("list[bytes]", past):
+            await self._dropped(id.decode())
+
+    async def _dropped(self, id: str) -> None:
+        keys = [self._response_key(id), self._events_key(id), self._gone_key(id)]  # one slot
+        await self._drop(keys=keys, args=[self._gone_for])
 
     async def sweep(self) -> None:
-        """Redis expires keys itself: the oldest responses past the size bound go. The surplus is
-        counted and taken out of the index in one step, so that sweeps that run together on
-        several replicas trim it once, down to the bound and no further."""
-        for id in cast("list[bytes]", await self._surplus(keys=[self._index], args=[self._max, self._ttl])):
-            await self._remove(id.decode(), None)
+        """Nothing: Redis expires keys itself, and each owner's responses past the bound go
+        at its puts."""
 
     async def get(self, ids: list[str], owner: str) -> dict[str, StoredResponse]:
         found = await self._mget([self._response_key(id) for id in ids])
@@ -418,20 +455,13 @@ class RedisBackend:
         return found
 
     async def delete(self, id: str, owner: str) -> bool:
-        return await self._remove(id, owner)
-
-    async def _remove(self, id: str, owner: str | None) -> bool:
-        """Delete a response (only `owner`'s, when given) and its events; its items' pointers
-        name a record no longer kept, and expire."""
+        """The owner's response and its events go; its items' pointers name a record no longer
+        kept, and expire."""
         data = await self._redis.get(self._response_key(id))
-        stored = None if data is None else decode_stored(data)
-        if stored is None or (owner is not None and stored.owner != owner):
+        if data is None or decode_stored(data).owner != owner:
             return False
-        await self._redis.delete(self._response_key(id), self._events_key(id))  # one slot
-        async with self._redis.pipeline(transaction=False) as pipe:
-            pipe.zrem(self._index, id)
-            pipe.zrem(self._owned(stored.owner), id)
-            await pipe.execute()
+        await self._dropped(id)
+        await self._redis.zrem(self._owned(owner), id)
         return True
 
     async def conversation(self, id: str, owner: str) -> StoredConversation | None:
@@ -628,10 +658,10 @@ class RedisAffinity:
         return answer
 
 
-async def _fenced(write: Awaitable[object]) -> None:
-    """A script's write, its refusal of a stale holder raised as `Fenced`."""
+async def _fenced(write: Awaitable[T]) -> T:
+    """A script's answer, its refusal of a stale holder raised as `Fenced`."""
     try:
-        await write
+        return await write
     except ResponseError as error:
         if str(error) == "FENCED":
             raise Fenced from None

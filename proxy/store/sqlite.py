@@ -250,9 +250,10 @@ class SQLiteBackend:
         with self._connection() as db:
             db.execute("BEGIN IMMEDIATE")
             db.execute("DELETE FROM responses WHERE expires_at < ?", (now,))
+            # Each owner's oldest past the bound (design.md 9.1); of one second, the last written stays.
             db.execute(
-                "DELETE FROM responses WHERE id IN "
-                "(SELECT id FROM responses ORDER BY created_at DESC LIMIT -1 OFFSET ?)",
+                "DELETE FROM responses WHERE id IN (SELECT id FROM (SELECT id, ROW_NUMBER() OVER "
+                "(PARTITION BY owner ORDER BY created_at DESC, rowid DESC) AS n FROM responses) WHERE n > ?)",
                 (self._max,),
             )
             db.execute(
