@@ -70,6 +70,11 @@ class RedisServer:
                 time.sleep(0.02)
         client.close()
 
+    def pin(self, cpu: int) -> None:
+        """Run on this CPU alone (a bench keeps its load off the proxy's)."""
+        assert self._process is not None
+        os.sched_setaffinity(self._process.pid, {cpu})
+
     def pause(self) -> None:
         """Stop answering, connections left open: a server that hangs."""
         assert self._process is not None
