@@ -155,13 +155,40 @@ def test_stored_responses_have_a_place_that_every_replica_shares(path: Path) -> 
             directory = posixpath.dirname(url.removeprefix("sqlite:"))
             mounts = [m["mountPath"] for m in p.proxy.get("volumeMounts", []) if not m.get("readOnly")]
             assert directory in mounts, f"{p.name}: {directory} is not a writable volume"
+        elif url.startswith("redis+cluster://"):
+            assert_a_cluster_the_manifest_makes(p, url.removeprefix("redis+cluster://").split(","), path.name)
         else:
             match = re.fullmatch(r"redis://([^:/]+):(\d+)/\d+", url)
-            assert match, f"{p.name}: store.url {url!r} is neither sqlite:PATH nor redis://HOST:PORT/DB"
+            assert match, f"{p.name}: store.url {url!r} is neither sqlite:PATH, redis://HOST:PORT/DB nor redis+cluster://"
             host, port = match.groups()
             services = [d for d in p.docs if d["kind"] == "Service" and d["metadata"]["name"] == host.split(".")[0]]
             assert services, f"{p.name}: no Service {host} in {path.name}"
             assert int(port) in [s["port"] for s in services[0]["spec"]["ports"]]
+
+
+def assert_a_cluster_the_manifest_makes(p: ProxyPod, nodes: list[str], manifest: str) -> None:
+    """design.md 9.9: `redis+cluster://` names pods of a StatefulSet of cluster-enabled Redis
+    by their stable names under its headless Service, three primaries and a replica each, each
+    node announcing that name; a Job makes them a cluster, naming every pod."""
+    for node in nodes:
+        match = re.fullmatch(r"([a-z0-9-]+)-(\d+)\.([a-z0-9-]+)\.([a-z0-9-]+)\.svc\.cluster\.local:(\d+)", node)
+        assert match, f"{p.name}: {node!r} is not a StatefulSet pod's name under its Service"
+        name, _, service, namespace, port = match.groups()
+        sets = [d for d in p.docs if d["kind"] == "StatefulSet" and d["metadata"]["name"] == name]
+        assert sets, f"{p.name}: no StatefulSet {name} in {manifest}"
+        spec = sets[0]["spec"]
+        assert spec["serviceName"] == service and sets[0]["metadata"]["namespace"] == namespace
+        assert spec["replicas"] >= 6, "three primaries and a replica of each"
+        (redis,) = spec["template"]["spec"]["containers"]
+        assert flag(redis["args"], "--cluster-enabled") == "yes"
+        assert flag(redis["args"], "--cluster-announce-hostname") == f"$(POD_NAME).{service}.{namespace}.svc.cluster.local"
+        headless = next(d for d in p.docs if d["kind"] == "Service" and d["metadata"]["name"] == service)
+        assert headless["spec"]["clusterIP"] == "None" and int(port) in [s["port"] for s in headless["spec"]["ports"]]
+        jobs = [d for d in p.docs if d["kind"] == "Job"]
+        created = " ".join(" ".join(c["command"]) for job in jobs for c in job["spec"]["template"]["spec"]["containers"])
+        assert "--cluster create" in created and "--cluster-replicas 1" in created
+        pods = {f"{name}-{i}.{service}.{namespace}.svc.cluster.local:{port}" for i in range(spec["replicas"])}
+        assert pods <= set(created.split()), f"the Job makes a cluster of every pod of {name}"
 
 
 def _sample_names() -> set[str]:
