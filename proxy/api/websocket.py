@@ -24,7 +24,7 @@ from ..appkeys import REQUEST_ID, RUNTIME
 from ..errors import InvalidRequest, ProxyError, TooManyRequests, UpgradeRequired
 from ..responses import compaction, steering
 from ..responses.body import load_json
-from ..responses.lifecycle import completed, new_id, usage_object, whole_stream
+from ..responses.lifecycle import completed, continuing, new_id, usage_object, whole_stream
 from ..responses.steering import SteerRefused
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
@@ -357,7 +357,13 @@ class _Connection:
     async def _prepared(self, turn: Turn, lane: str | None) -> None:
         """`generate: false`: the request's state kept without output, for a later turn to
         continue with `previous_response_id` (a client prewarming its connection)."""
-        response = completed(new_id("resp"), int(time.time()), [], turn.call.echo, usage_object(None))
+        response = completed(
+            continuing(new_id("resp"), turn.call.echo["previous_response_id"]),
+            int(time.time()),
+            [],
+            turn.call.echo,
+            usage_object(None),
+        )
         await turn.keep(response)
         await self.send_events(whole_stream(response), turn, lane)
 

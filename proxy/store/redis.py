@@ -13,6 +13,8 @@ import contextlib
 import logging
 import time
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
+from functools import partial
 from typing import Any, TypeVar, cast
 
 import msgspec
@@ -20,7 +22,7 @@ import orjson
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
-from redis.exceptions import ClusterError, ResponseError
+from redis.exceptions import ClusterError, RedisError, ResponseError
 
 from .backend import (
     Claim,
@@ -102,7 +104,8 @@ end
 # by age (`at`) in the owner's index (`index`), whose ids made longer ago than records live (`ttl`)
 # go, and which lives as long as its newest; then the owner's oldest past the bound `most` (by
 # age, then id, as its list orders them, but `id` the newest of its second: one just made stays),
-# taken out of it and returned, for their records to go. On a cluster an owner's share a slot (9.9).
+# at most 100 a put (a bound lowered is reached over later puts), taken out of it and returned,
+# for their records to go. On a cluster an owner's share a slot (9.9).
 _OWN = """
 local function own(index, at, id, ttl, pointer, first, most)
   for i = first, #KEYS do
@@ -111,7 +114,7 @@ local function own(index, at, id, ttl, pointer, first, most)
   redis.call('ZADD', index, at, id)
   redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. (tonumber(at) - tonumber(ttl)))
   redis.call('EXPIRE', index, ttl)
-  local surplus = redis.call('ZCARD', index) - tonumber(most)
+  local surplus = math.min(redis.call('ZCARD', index) - tonumber(most), 100)
   local past = {}
   if surplus > 0 then
     local oldest = redis.call('ZRANGE', index, 0, surplus, 'WITHSCORES')
@@ -208,6 +211,11 @@ end
 redis.call('EXPIRE', KEYS[2], ARGV[2])
 """
 )
+# A cluster's copy of a run's holder (KEYS[1]): the token ARGV[1], for the time to live ARGV[2].
+_COPY = """
+redis.call('HSET', KEYS[1], 'holder', ARGV[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+"""
 # A cluster's copy of a run's holder (KEYS[1]) goes with its lease, if the token ARGV[1] holds it.
 _UNFENCE = (
     _FENCE
@@ -330,6 +338,7 @@ class RedisBackend:
         self._let_go = self._redis.register_script(_LET_GO)
         self._release = self._redis.register_script(_RELEASE)
         self._unfence = self._redis.register_script(_UNFENCE)
+        self._copy = self._redis.register_script(_COPY)
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
@@ -349,6 +358,10 @@ class RedisBackend:
 
     def _gone_key(self, id: str) -> str:
         return f"{self._prefix}gone:{self._tag(id)}{id}"
+
+    def _dropping(self, id: str) -> list[str]:
+        """`_DROP`'s keys for a response: one slot."""
+        return [self._response_key(id), self._events_key(id), self._gone_key(id)]
 
     def _fence_key(self, id: str) -> str:
         """What a run's writes are checked against: its lease's hash on one server; on a cluster,
@@ -390,17 +403,26 @@ class RedisBackend:
             _encode_entry(_ItemEntry(stored.id)),
             self._max,
         ]
-        if self._tagged:
-            past = await self._own(keys=owned, args=[self._ttl, *owning])
-            await _fenced(self._put(keys=keys, args=args))
-        else:
-            past = await _fenced(self._put(keys=keys + owned, args=args + owning))
-        for id in cast("list[bytes]", past):
-            await self._dropped(id.decode())
+        past: list[bytes] = []
+        try:
+            if self._tagged:
+                past = await self._own(keys=owned, args=[self._ttl, *owning])
+                await _fenced(self._put(keys=keys, args=args))
+            else:
+                past = await _fenced(self._put(keys=keys + owned, args=args + owning))
+        finally:  # what left the owner's index goes, whether this record was kept or not
+            await self._dropped(past)
 
-    async def _dropped(self, id: str) -> None:
-        keys = [self._response_key(id), self._events_key(id), self._gone_key(id)]  # one slot
-        await self._drop(keys=keys, args=[self._gone_for])
+    async def _dropped(self, ids: list[bytes]) -> None:
+        """Responses past their owner's bound go, within the store's time (a put that failed
+        may be past its own); one that cannot now stays until it expires, out of its owner's
+        index: the put is kept all the same."""
+        try:
+            async with asyncio.timeout(self._timeout):
+                for id in map(bytes.decode, ids):
+                    await self._drop(keys=self._dropping(id), args=[self._gone_for])
+        except (RedisError, TimeoutError) as error:
+            log.warning("responses past their key's bound were not all dropped (%r): they expire", error)
 
     async def sweep(self) -> None:
         """Nothing: Redis expires keys itself, and each owner's responses past the bound go
@@ -412,7 +434,10 @@ class RedisBackend:
         return {stored.id: stored for stored in kept if stored.owner == owner}
 
     async def chain(self, id: str, owner: str) -> tuple[list[StoredResponse], str | None]:
-        """One script a slot the chain's links are on: one, unless the chain changed its tag."""
+        """One script a slot the chain's links are on: one, unless the chain changed its tag. On
+        a cluster, a walk that stopped at a link the owner's record of which is there all the same
+        met a slot half migrated (the script ran on the node the slot moves to, where the links
+        not moved yet read as missing): it walks on from there once the migration moved on."""
         newest_first: list[bytes] = []
         while True:
             tag = id[:_CHAIN_TAG] if self._tagged else ""
@@ -420,9 +445,15 @@ class RedisBackend:
             stopped, elsewhere, *records = await self._chain(keys=[self._response_key(id)], args=args)
             newest_first += records
             if elsewhere != b"1":
-                break
+                if not (self._tagged and stopped and await self._kept(stopped.decode(), owner)):
+                    break
+                await asyncio.sleep(_MIGRATING)
             id = stopped.decode()
         return [decode_stored(record) for record in reversed(newest_first)], stopped.decode() or None
+
+    async def _kept(self, id: str, owner: str) -> bool:
+        data = await self._redis.get(self._response_key(id))  # one key: redis-py follows ASK for it
+        return data is not None and decode_stored(data).owner == owner
 
     async def items(self, ids: list[str], owner: str) -> dict[str, bytes]:
         """Each item as the record its pointer names holds it: an item is answered only while
@@ -460,7 +491,7 @@ class RedisBackend:
         data = await self._redis.get(self._response_key(id))
         if data is None or decode_stored(data).owner != owner:
             return False
-        await self._dropped(id)
+        await self._drop(keys=self._dropping(id), args=[self._gone_for])
         await self._redis.zrem(self._owned(owner), id)
         return True
 
@@ -543,10 +574,7 @@ class RedisBackend:
         (10.4). On one server the lease's own hash is what they are checked against; a release
         takes the copy back."""
         if self._fence_key(id) != self._run_key(id):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.hset(self._fence_key(id), "holder", holder)
-                pipe.expire(self._fence_key(id), self._ttl)
-                await pipe.execute()
+            await self._copy(keys=[self._fence_key(id)], args=[holder, self._ttl])
 
     async def expired(self) -> list[tuple[str, str]]:
         return await self._owners("-inf", f"({time.time()}")
@@ -571,6 +599,12 @@ class RedisBackend:
         return RedisAffinity(self._redis, f"{self._prefix}session:{upstream}:", ttl, wait)
 
 
+# Whether this task (and the tasks it made) already holds one of a cluster client's places in
+# flight: a pipeline's commands that a redirection sends again go through the client's own
+# `execute_command`, and must not wait for a second place while holding the first.
+_HOLDING: ContextVar[bool] = ContextVar("holding a cluster place", default=False)
+
+
 class _Cluster(RedisCluster):
     """A cluster client whose commands wait for a connection when `max_connections` are in use,
     as a full pool is waited for on one server (9.8), where redis-py's cluster client raises
@@ -581,34 +615,45 @@ class _Cluster(RedisCluster):
         super().__init__(max_connections=max_connections, **settings)
         self._in_flight = asyncio.Semaphore(max_connections)
 
-    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
-        """A command refused while its slot migrates is sent again until it runs: a script
-        whose keys are split between the two nodes (TRYAGAIN, which redis-py gives up on
-        within a few tries), or that reads a key already moved away (its links, the runs' hashes:
-        refused before any write). The store's time limit bounds the wait (9.9)."""
+    async def placed(self, send: Callable[[], Awaitable[T]]) -> T:
+        """`send()` within a place in flight: this task's own, if it holds one already."""
+        if _HOLDING.get():
+            return await send()
         async with self._in_flight:
-            while True:
-                try:
-                    return await super().execute_command(*args, **kwargs)
-                except ClusterError:  # TRYAGAIN past redis-py's tries ("TTL exhausted")
-                    pass
-                except ResponseError as error:
-                    if "non local key" not in str(error):
-                        raise
-                await asyncio.sleep(_MIGRATING)
+            holding = _HOLDING.set(True)
+            try:
+                return await send()
+            finally:
+                _HOLDING.reset(holding)
+
+    async def execute_command(self, *args: Any, **kwargs: Any) -> Any:
+        """A command refused while its slot migrates is sent again until it runs, its place given
+        back while it waits: a script whose keys are split between the two nodes (TRYAGAIN, which
+        redis-py gives up on within a few tries), or that reads a key already moved away (its
+        links, the runs' hashes: refused before any write). The store's time limit bounds the
+        wait (9.9)."""
+        send = partial(super().execute_command, *args, **kwargs)
+        while True:
+            try:
+                return await self.placed(send)
+            except ClusterError:  # TRYAGAIN past redis-py's tries ("TTL exhausted")
+                pass
+            except ResponseError as error:
+                if "non local key" not in str(error):
+                    raise
+            await asyncio.sleep(_MIGRATING)
 
     def pipeline(self, transaction: Any | None = None, shard_hint: Any | None = None) -> ClusterPipeline:
-        return _ClusterPipeline(self, self._in_flight)  # type: ignore[abstract]  # as redis-py makes its own
+        if shard_hint:
+            raise ValueError("shard_hint is not for a cluster")
+        return _ClusterPipeline(self, transaction)  # type: ignore[abstract]  # as redis-py makes its own
 
 
 class _ClusterPipeline(ClusterPipeline):
-    def __init__(self, client: RedisCluster, in_flight: asyncio.Semaphore) -> None:
-        super().__init__(client)
-        self._in_flight = in_flight
+    cluster_client: _Cluster
 
     async def execute(self, raise_on_error: bool = True, allow_redirections: bool = True) -> list[Any]:
-        async with self._in_flight:
-            return await super().execute(raise_on_error, allow_redirections)
+        return await self.cluster_client.placed(partial(super().execute, raise_on_error, allow_redirections))
 
 
 class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):

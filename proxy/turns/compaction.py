@@ -12,7 +12,7 @@ import msgspec
 
 from ..errors import InvalidRequest
 from ..responses import compaction
-from ..responses.lifecycle import completed, new_id
+from ..responses.lifecycle import completed, continuing, new_id
 from ..responses.plan import plan_call
 from ..responses.schema import Message, parse_items
 from ..responses.translate import ResponseTranslator
@@ -50,7 +50,13 @@ async def compacted_turn(turn: Turn) -> dict[str, Any]:
         )
     summary, usage = await summarised(turn)
     item = compaction.compaction_item(summary, turn.runtime.sealer, new_id)
-    response = completed(new_id("resp"), int(time.time()), [item], turn.call.echo, usage)
+    response = completed(
+        continuing(new_id("resp"), turn.call.echo["previous_response_id"]),
+        int(time.time()),
+        [item],
+        turn.call.echo,
+        usage,
+    )
     await turn.keep(response)
     return response
 
