@@ -301,6 +301,31 @@ class Cluster:
     def replica_of(self, primary: RedisServer) -> RedisServer:
         return next(copies[0] for _start, _end, node, copies in self._slots() if node is primary)
 
+    def begin_migration(self, key: str) -> tuple[redis.Redis, redis.Redis, int]:
+        """`key`'s slot opened for a move to another primary, as `redis-cli --cluster reshard`
+        opens it (IMPORTING there, MIGRATING here: a key already moved is asked for there, ASK):
+        clients of its source and target, and the slot, for `MIGRATE` and `finish_migration`."""
+        source = self.node_of(key)
+        target = next(node for node in self.primaries().values() if node is not source)
+        src, dst = redis.Redis(port=source.port), redis.Redis(port=target.port)
+        number = key_slot(key.encode())
+        src_id, dst_id = (node.execute_command("CLUSTER", "MYID").decode() for node in (src, dst))
+        dst.execute_command("CLUSTER", "SETSLOT", number, "IMPORTING", src_id)
+        src.execute_command("CLUSTER", "SETSLOT", number, "MIGRATING", dst_id)
+        return src, dst, number
+
+    @staticmethod
+    def move(src: redis.Redis, dst: redis.Redis, *keys: bytes | str) -> None:
+        src.execute_command("MIGRATE", "127.0.0.1", dst.get_connection_kwargs()["port"], "", 0, 5000, "KEYS", *keys)
+
+    @staticmethod
+    def finish_migration(src: redis.Redis, dst: redis.Redis, number: int) -> None:
+        """The slot given to its target (a key asked of its source is MOVED there)."""
+        dst_id = dst.execute_command("CLUSTER", "MYID").decode()
+        for node in (dst, src):
+            node.execute_command("CLUSTER", "SETSLOT", number, "NODE", dst_id)
+            node.close()
+
     def stop(self) -> None:
         for node in self.nodes:
             node.stop()

@@ -138,18 +138,11 @@ async def test_a_full_pool_is_waited_for(redis_cluster: Cluster) -> None:
 def migrate(cluster: Cluster, key: str, done: threading.Event) -> None:
     """Move `key`'s slot to another primary as `redis-cli --cluster reshard` does, a few keys at
     a time while the slot is open on both (ASK), then give it to the new one (MOVED)."""
-    source = cluster.node_of(key)
-    target = next(node for node in cluster.primaries().values() if node is not source)
-    with redis.Redis(port=source.port) as src, redis.Redis(port=target.port) as dst:
-        number = int(src.execute_command("CLUSTER", "KEYSLOT", key))
-        src_id, dst_id = (node.execute_command("CLUSTER", "MYID").decode() for node in (src, dst))
-        dst.execute_command("CLUSTER", "SETSLOT", number, "IMPORTING", src_id)
-        src.execute_command("CLUSTER", "SETSLOT", number, "MIGRATING", dst_id)
-        while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", number, 2):
-            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys)
-            time.sleep(0.02)  # turns write meanwhile, some of their keys moved and some not
-        for node in (dst, src):
-            node.execute_command("CLUSTER", "SETSLOT", number, "NODE", dst_id)
+    src, dst, number = cluster.begin_migration(key)
+    while keys := src.execute_command("CLUSTER", "GETKEYSINSLOT", number, 2):
+        cluster.move(src, dst, *keys)
+        time.sleep(0.02)  # turns write meanwhile, some of their keys moved and some not
+    cluster.finish_migration(src, dst, number)
     done.set()
 
 
@@ -258,15 +251,10 @@ async def test_a_chain_read_while_its_slot_migrates_is_whole(cluster: Cluster) -
         for previous, id in zip([None, *ids], ids, strict=False):
             await backend.put(linked(id, previous), True, None)
         newest = backend._response_key(ids[-1])
-        source = cluster.node_of(newest)
-        target = next(node for node in cluster.primaries().values() if node is not source)
-        with redis.Redis(port=source.port) as src, redis.Redis(port=target.port) as dst:
-            number = int(src.execute_command("CLUSTER", "KEYSLOT", newest))
-            src_id, dst_id = (node.execute_command("CLUSTER", "MYID").decode() for node in (src, dst))
-            dst.execute_command("CLUSTER", "SETSLOT", number, "IMPORTING", src_id)
-            src.execute_command("CLUSTER", "SETSLOT", number, "MIGRATING", dst_id)
-            src.execute_command("MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", newest)
-            chain, stopped = await backend.chain(ids[-1], "owner")
+        src, dst, _ = cluster.begin_migration(newest)
+        with src, dst:
+            cluster.move(src, dst, newest)
+        chain, stopped = await backend.chain(ids[-1], "owner")
         assert [stored.id for stored in chain] == ids and stopped is None
     finally:
         await backend.close()
