@@ -7,9 +7,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import random
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from collections import Counter
@@ -20,7 +22,19 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import RedisError
 
-from tests.harness import free_port
+
+def server_port() -> int:
+    """A free loopback port below Linux's ephemeral range (32768-60999), which a connection made
+    meanwhile (a client's own end) cannot take between this choice and the server's bind: a
+    cluster's twelve ports are chosen before its six processes start."""
+    while True:
+        port = random.randrange(20_000, 32_768)
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
 
 
 def redis_binary(name: str = "redis-server") -> str | None:
@@ -48,7 +62,7 @@ class RedisServer:
         self._binary = binary
         self._directory = directory
         self._extra = extra  # more of redis-server's options, as `--replicaof HOST PORT`
-        self.port = free_port()
+        self.port = server_port()
         self._process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -126,7 +140,7 @@ class SentinelGroup:
             # Redis 7 waits 5 s for more replicas before a diskless full sync: none will come.
             *("--repl-diskless-sync-delay", "0"),
         )
-        self.sentinel_ports = [free_port() for _ in range(3)]
+        self.sentinel_ports = [server_port() for _ in range(3)]
         self._sentinels: list[subprocess.Popen[bytes]] = []
 
     def url(self, db: int = 0) -> str:
@@ -231,8 +245,8 @@ class Cluster:
         for i in range(6):
             (directory / f"node-{i}").mkdir(parents=True, exist_ok=True)
             cluster = ("--cluster-enabled", "yes", "--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "1000")
-            # The bus on a port of its own: port + 10000, its default, is past 65535 for a high free port.
-            cluster += ("--cluster-port", str(free_port()))
+            # The bus on a port chosen as the others are: its default, port + 10000, may be taken.
+            cluster += ("--cluster-port", str(server_port()))
             # A replica that lost its primary is promoted however long the link was down; its first
             # sync starts at once (Redis 7 waits 5 s for more replicas: none will come).
             promoted = ("--cluster-replica-validity-factor", "0", "--repl-diskless-sync-delay", "0")
