@@ -97,12 +97,8 @@ def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]
     """One real Redis Cluster (three primaries, three replicas) for the session."""
     if cluster_binary() is None:
         pytest.skip("no redis-server 7 or later with redis-cli, to run a cluster: apt-get install redis-server")
-    cluster = Cluster(tmp_path_factory.mktemp("cluster"))
-    try:
-        cluster.start()
+    with Cluster(tmp_path_factory.mktemp("cluster")) as cluster:
         yield cluster
-    finally:
-        cluster.stop()
 
 
 @pytest.fixture(params=["sqlite", "redis", "cluster"])

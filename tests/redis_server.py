@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
+from typing import Self
 
 import redis
 from redis.crc import key_slot
@@ -51,7 +52,27 @@ def redis_binary(name: str = "redis-server") -> str | None:
     return str(shipped) if shipped.is_file() and os.access(shipped, os.X_OK) else None
 
 
-class RedisServer:
+class Processes:
+    """Real processes a test starts and stops: `with`, they are stopped after (and on a start
+    that failed half way, those already started)."""
+
+    def start(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def __enter__(self) -> Self:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+
+class RedisServer(Processes):
     def __init__(self, directory: Path, *extra: str) -> None:
         binary = redis_binary()
         assert binary, (
@@ -122,7 +143,7 @@ def sentinel_binary() -> list[str] | None:
     return [server, "--sentinel"] if server else None
 
 
-class SentinelGroup:
+class SentinelGroup(Processes):
     """A primary, its replica and three sentinels watching it (quorum 2), each a real process on
     a free loopback port, with failover thresholds short enough for a test: a primary is down
     after 0.5 s unanswered, and a failover is retried after 2 s."""
@@ -234,7 +255,7 @@ def cluster_binary() -> str | None:
     return server if found and int(found.group(1)) >= 7 else None
 
 
-class Cluster:
+class Cluster(Processes):
     """A Redis Cluster of real processes on free loopback ports: three primaries, each with a
     replica, created by `redis-cli --cluster create` as an operator would, with a node taken for
     failed after 1 s unanswered, so that a replica is promoted within seconds of its primary's

@@ -36,12 +36,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture
 def cluster(tmp_path: Path) -> Iterator[Cluster]:
     """A cluster of this test's own, for one whose faults would spoil the session's."""
-    made = Cluster(tmp_path)
-    try:
-        made.start()
+    with Cluster(tmp_path) as made:
         yield made
-    finally:
-        made.stop()
 
 
 def prefix() -> str:

@@ -35,12 +35,8 @@ pytestmark = pytest.mark.skipif(
 @pytest.fixture(scope="module")
 def sentinel_group(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SentinelGroup]:
     """One group for the tests that leave its primary alone; each keeps its keys under a prefix."""
-    group = SentinelGroup(tmp_path_factory.mktemp("sentinel"))
-    try:
-        group.start()
+    with SentinelGroup(tmp_path_factory.mktemp("sentinel")) as group:
         yield group
-    finally:
-        group.stop()
 
 
 @pytest.fixture(params=["sentinel"])
@@ -99,9 +95,7 @@ async def test_the_store_follows_a_failover(
     """The primary killed: the sentinels promote the replica within 15 s; meanwhile each request
     is answered or a 503 `store_unavailable`, within the store's timeout (never a hang nor a 500),
     and then a response kept before the kill is read, chained, and new ones are kept."""
-    group = SentinelGroup(tmp_path)
-    try:
-        group.start()
+    with SentinelGroup(tmp_path) as group:
         timeout = 1.0
         url = await start_proxy(proxy_config(upstream, {"url": group.url(), "timeout": timeout}))
         upstream.script(Reply(text_turn("Kept")))
@@ -136,8 +130,7 @@ async def test_the_store_follows_a_failover(
         assert [m["content"] for m in upstream.requests[-1]["messages"]] == ["hi", "Kept", "on"]
         status, body = await get(http, url, after["id"])
         assert status == 200 and body["output"][0]["content"][0]["text"] == "After"
-    finally:
-        group.stop()
+
 
 
 async def test_a_failover_during_a_background_run(
@@ -152,8 +145,5 @@ async def test_a_failover_during_a_background_run(
         group.kill_primary()
         return group.wait_failover(20)
 
-    try:
-        group.start()
+    with group:
         await a_run_through_a_failover(upstream, start_proxy, http, group.url(), kill)
-    finally:
-        group.stop()

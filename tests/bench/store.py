@@ -144,14 +144,10 @@ async def throughput(url: str, proxy: procs.Proc, sessions: int, seconds: float)
 def a_store(form: str, directory: Path, cpu: int) -> Iterator[str]:
     """The URL of a fresh store of this form, its processes on `cpu`, stopped after."""
     directory.mkdir(parents=True)
-    servers: Cluster | RedisServer = Cluster(directory) if form == "cluster" else RedisServer(directory)
-    servers.start()
-    try:
+    with Cluster(directory) if form == "cluster" else RedisServer(directory) as servers:
         for server in servers.nodes if isinstance(servers, Cluster) else [servers]:
             server.pin(cpu)
         yield servers.url
-    finally:
-        servers.stop()
 
 
 def say(text: str) -> None:
