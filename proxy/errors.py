@@ -40,6 +40,17 @@ import copy
 from typing import Any
 
 
+class ClientLeft(Exception):
+    """A call cut short from the client's side: it went away, or asked its turn to stop (a
+    steer, design.md 8.14). No failure of the upstream's: its call is neither an error (12.1,
+    12.2) nor an answer."""
+
+
+# What a call's client leaving raises through it: the proxy's own, and a write to a socket the
+# client closed.
+CLIENT_LEFT = (ClientLeft, ConnectionResetError)
+
+
 class ProxyError(Exception):
     status = 500
     type = "server_error"

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, exposition, generate_latest, multiprocess
 
+from .errors import CLIENT_LEFT
 from .tracing import error_type, failed_in
 
 if TYPE_CHECKING:
@@ -227,12 +228,14 @@ class Metrics:
         """An upstream call timed, whole (design.md 12.2): its error's `error_type`, where it
         raised one or met one in its answer (`answer`: the translator the call feeds). A call
         cut short by its client's leaving (a cancel, or its answer left unread) is not the
-        upstream's time, and is left out."""
+        upstream's time, and is left out, as one its client left or steered (`CLIENT_LEFT`)."""
         started = time.monotonic()
         failed_before = answer.error if answer is not None else None
         try:
             async with call as exchange:
                 yield exchange
+        except CLIENT_LEFT:
+            raise
         except Exception as error:
             self.gen_ai_duration.labels(*gen_ai, error_type(error)).observe(time.monotonic() - started)
             raise

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import orjson
 
 from . import config as config_module
-from .errors import ProxyError
+from .errors import CLIENT_LEFT, ProxyError
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -139,7 +139,9 @@ class Tracing:
                 if url.host is not None and url.port is not None:
                     span.set_attributes({"server.address": url.host, "server.port": url.port})
                 yield exchange
-        except Exception as error:  # a client that left (a cancel) is no error of the call's
+        except CLIENT_LEFT:  # as a cancel: no error of the call's
+            raise
+        except Exception as error:
             span.record_exception(error)
             self._failed(span, error_type(error), str(error))
             raise

@@ -16,7 +16,7 @@ from openai.types.responses import ResponsesServerEvent
 
 from tests.client import validate_event
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score, sglang_error
-from tests.harness import config
+from tests.harness import config, scrape
 
 LIMITS = ResponsesWebSocketLimits(max_lanes=4, max_events_per_lane=256, max_events=512, max_bytes_per_lane=1 << 22, max_bytes=1 << 23)
 # The SDK's own type of whatever the server sends on its WebSocket, steering's events among them.
@@ -106,6 +106,21 @@ async def test_a_steer_stops_the_turn_and_a_successor_takes_its_input(upstream: 
     sent = upstream.requests[-1]["messages"]
     assert sent[-2] == {"role": "assistant", "content": cut["content"][0]["text"]} and sent[-1] == {"role": "user", "content": "in French, please"}
     assert upstream.disconnects == 1  # the steered generation stopped
+
+
+async def test_a_steered_call_is_no_failed_call(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """design.md 12.1, 12.2: the call a steer stopped is cut short from the client's side, as a
+    client's leaving is: not timed as a failure of the upstream's (only its successor, whole)."""
+    upstream.script(slow(words("english", 40)), Reply(words("french")))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        await socket.send_json({"type": "response.create", "model": "m", "input": "talk", "store": False})
+        events: list[dict[str, Any]] = []
+        created = await until(socket, "response.created", events)
+        await until(socket, "response.output_text.delta", events)
+        await socket.send_json({"type": "response.steer", "previous_response_id": created["response"]["id"], "input": "stop"})
+        await until(socket, "response.completed", events)
+    timed = {labels: n for (name, labels), n in (await scrape(http, proxy)).items() if name == "gen_ai_client_operation_duration_seconds_count"}
+    assert [(dict(labels)["error_type"], n) for labels, n in timed.items()] == [("", 1.0)]
 
 
 async def test_a_steer_during_a_client_tool_call_waits_for_its_output(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:

@@ -21,7 +21,7 @@ import orjson
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from ..appkeys import REQUEST_ID, RUNTIME
-from ..errors import InvalidRequest, ProxyError, TooManyRequests, UpgradeRequired
+from ..errors import ClientLeft, InvalidRequest, ProxyError, TooManyRequests, UpgradeRequired
 from ..responses import compaction, steering
 from ..responses.body import load_json
 from ..responses.lifecycle import completed, continuing, new_id, usage_object, whole_stream
@@ -86,7 +86,7 @@ class _Running:
 Steer = tuple[str, list[dict[str, Any]], Any, int]
 
 
-class Steered(Exception):
+class Steered(ClientLeft):
     """A steer arrived for the response being streamed: it stops at this event's boundary."""
 
 
@@ -421,7 +421,7 @@ class _Connection:
         await self._frame(orjson.dumps(frame).decode())
 
 
-class ClientGone(Exception):
+class ClientGone(ClientLeft):
     """The client stopped reading: the connection ends (its handler cancels the turn)."""
 
 
