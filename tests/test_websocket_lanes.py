@@ -175,6 +175,24 @@ async def test_a_steer_that_cannot_be_taken_comes_back_failed(upstream: FakeUpst
     SERVER_EVENT.validate_python({**wrong, "steer": {**wrong["steer"], "input": "as sent"}})
 
 
+async def test_a_steer_whose_input_a_request_would_refuse_leaves_the_turn_running(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession
+) -> None:
+    """design.md 8.14: a steer's input is read as a request's input is, before the steer is
+    taken: a part missing its text fails the steer, and the turn runs on to its end."""
+    upstream.script(slow(words("long", 20)))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        await socket.send_json({"type": "response.create", "model": "m", "input": "talk", "store": False})
+        events: list[dict[str, Any]] = []
+        created = await until(socket, "response.created", events)
+        broken = [{"role": "user", "content": [{"type": "input_text"}]}]
+        await socket.send_json({"type": "response.steer", "previous_response_id": created["response"]["id"], "input": broken})
+        failed = await until(socket, "response.steer.failed", events)
+        await until(socket, "response.completed", events)
+    assert failed["error"]["code"] == "invalid_input" and "input[0].content[0].text" in failed["error"]["message"]
+    assert "response.steer.accepted" not in [event["type"] for event in events]
+
+
 async def test_a_conversations_turn_is_not_steered(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
     upstream.script(slow(words("long", 30)))
     async with http.post(f"{proxy}/v1/conversations", json={}) as response:

@@ -6,6 +6,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..errors import InvalidRequest
+from .schema import parse_items
+
 _PARTS = frozenset({"input_text", "input_image", "input_file"})
 _MESSAGE_FIELDS = frozenset({"type", "role", "content", "id", "status"})
 # The outputs a client owes each of its calls before a continuation (the SDK's `required_input`).
@@ -29,7 +32,7 @@ class SteerRefused(Exception):
 
 def steer_input(value: Any) -> list[dict[str, Any]]:
     """A steer's input as the user messages it adds: a string, or user messages alone, as the
-    SDK's `ResponseSteerInput` allows."""
+    SDK's `ResponseSteerInput` allows, each read as a request's input items are."""
     if isinstance(value, str) and value:
         return [{"type": "message", "role": "user", "content": value}]
     if not isinstance(value, list) or not value:
@@ -37,21 +40,22 @@ def steer_input(value: Any) -> list[dict[str, Any]]:
     messages = []
     for index, item in enumerate(value):
         content = item.get("content") if isinstance(item, dict) else None
-        parts_ok = isinstance(content, str) or (
-            isinstance(content, list) and all(isinstance(p, dict) and p.get("type") in _PARTS for p in content)
-        )
         if (
             not isinstance(item, dict)
             or item.get("role") != "user"
             or item.get("type", "message") != "message"
             or not _MESSAGE_FIELDS.issuperset(item)
-            or not parts_ok
+            or (isinstance(content, list) and not all(isinstance(p, dict) and p.get("type") in _PARTS for p in content))
         ):
             raise SteerRefused(
                 "invalid_input",
                 f"input[{index}]: steering takes user messages alone, their content text, images or files.",
             )
         messages.append({"type": "message", "role": "user", "content": content})
+    try:  # each part whole, as a request's input reads it
+        parse_items(messages, "input")
+    except InvalidRequest as error:
+        raise SteerRefused("invalid_input", error.message) from None
     return messages
 
 
