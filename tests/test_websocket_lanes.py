@@ -193,6 +193,18 @@ async def test_a_steer_whose_input_a_request_would_refuse_leaves_the_turn_runnin
     assert "response.steer.accepted" not in [event["type"] for event in events]
 
 
+async def test_a_create_frame_with_a_previous_response_id_of_another_type_is_refused_as_over_http(
+    proxy: str, http: aiohttp.ClientSession
+) -> None:
+    """design.md 5.3, 8.9: the frame is read as the request body is, a 400's envelope naming the
+    field (it was a 500 where the frame's steers are looked up by that id)."""
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        await socket.send_json({"type": "response.create", "model": "m", "input": "hi", "previous_response_id": ["resp_x"]})
+        error = await socket.receive_json(timeout=10)
+    assert error["type"] == "error" and error["error"]["param"] == "previous_response_id"
+    assert error["error"]["type"] == "invalid_request_error"
+
+
 async def test_a_conversations_turn_is_not_steered(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
     upstream.script(slow(words("long", 30)))
     async with http.post(f"{proxy}/v1/conversations", json={}) as response:

@@ -197,7 +197,16 @@ class _Connection:
 
     async def turn(self, raw: bytes | ProxyError, lane: str | None) -> None:
         """One `response.create` frame: its events (and its successors', where it was steered),
-        or an `error` frame (the connection stays)."""
+        or an `error` frame (the connection stays). A client that stopped reading, met while
+        answering or while telling a failure, ends the connection."""
+        request = self._request
+        try:
+            await self._answer(raw, lane)
+        except ClientGone:
+            if request.transport is not None:
+                request.transport.abort()  # the reader sees the socket closed, and the loop ends
+
+    async def _answer(self, raw: bytes | ProxyError, lane: str | None) -> None:
         request = self._request
         steers: list[Steer] = []
         body: dict[str, Any] = {}
@@ -210,9 +219,10 @@ class _Connection:
             body = {key: value for key, value in frame.items() if key not in ("type", "generate", "stream_id")}
             if body.get("background"):
                 raise InvalidRequest("A background response is made over HTTP, not on a WebSocket.", param="background")
-            steers = self._waiting_for_client.pop(body.get("previous_response_id") or "", [])
-            if steers:  # queued while the response ran: after the outputs it waited for (8.14)
-                own = body.get("input") or []
+            previous = body.get("previous_response_id")
+            steers = self._waiting_for_client.pop(previous, []) if isinstance(previous, str) else []
+            own = body.get("input") or []
+            if steers and isinstance(own, str | list):  # queued while it ran: after the outputs it waited for (8.14)
                 own = [{"type": "message", "role": "user", "content": own}] if isinstance(own, str) else own
                 body["input"] = [*own, *(message for _, messages, _, _ in steers for message in messages)]
             following: tuple[dict[str, Any], list[Steer]] | None = (body, steers)
@@ -225,12 +235,14 @@ class _Connection:
             log_failure(error, f"{request.method} {request.path}", request[REQUEST_ID])
             # The steers this turn carried were never committed: returned (8.14).
             refused = SteerRefused("successor_creation_failed", "The response that takes the input was not made.")
+            previous = body.get("previous_response_id")
             for steer_id, _, sent, _ in steers:
-                await self._send(steering.failed(refused, body.get("previous_response_id") or "", sent, steer_id), lane)
+                await self._send(
+                    steering.failed(refused, previous if isinstance(previous, str) else "", sent, steer_id), lane
+                )
             await self._send_error(error.for_client(request[REQUEST_ID]), lane)
         except ClientGone:
-            if request.transport is not None:
-                request.transport.abort()  # the reader sees the socket closed, and the loop ends
+            raise
         except Exception:  # not foreseen: logged whole, answered in the envelope (design.md 5.9)
             log.exception("a WebSocket turn failed", extra={"request_id": request[REQUEST_ID]})
             await self._send_error(ProxyError(f"internal error; request id {request[REQUEST_ID]}"), lane)
