@@ -243,6 +243,14 @@ async def test_max_tool_calls_stops_the_calls_and_then_offers_no_more(
     assert "max_tool_calls" in last["messages"][-1]["content"] and "tools" not in last and "tool_choice" not in last
 
 
+async def test_max_tool_calls_of_zero_runs_none(upstream: FakeUpstream, tool_server: ToolServer, sdk: openai.AsyncOpenAI) -> None:
+    """0 is a bound like any (the schema allows it), not "the operator's default"."""
+    upstream.script(Reply(calling("calc__echo", '{"text": "a"}')), Reply(answering("none run")))
+    response = await sdk.responses.create(model="m", input="echo", tools=[server(tool_server)], max_tool_calls=0)
+    assert [(item.type, item.status) for item in response.output if item.type == "mcp_call"] == [("mcp_call", "incomplete")]
+    assert tool_server.calls == []
+
+
 async def test_a_forced_tool_choice_names_the_server_and_applies_to_the_first_round_alone(
     upstream: FakeUpstream, tool_server: ToolServer, sdk: openai.AsyncOpenAI
 ) -> None:

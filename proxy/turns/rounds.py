@@ -20,7 +20,7 @@ from ..responses.mcp import tool_message
 from ..responses.translate import ResponseTranslator
 from ..upstream.client import Exchange
 from .compaction import summarised
-from .tools import run_calls
+from .tools import run_calls, tool_call_cap
 from .turn import Turn
 
 log = logging.getLogger("proxy")
@@ -75,7 +75,7 @@ class _Rounds:
         chat = turn.call.chat
         self._messages = list(chat["messages"])
         self._ran = sum(item["type"] == "mcp_call" for item in turn.call.prelude)  # approved ones
-        self._cap = turn.past.request.max_tool_calls or turn.runtime.config.mcp.max_tool_calls
+        self._cap = tool_call_cap(turn.runtime.mcp, turn.past.request)
         self._parallel = chat.get("parallel_tool_calls") is not False
 
     async def tools(self, translator: ResponseTranslator, sink: Sink) -> None:

@@ -69,9 +69,14 @@ async def prepare(
         for label in unlisted
     ]
     endpoints |= {label: endpoint for label, (_, endpoint) in servers.items()}
-    cap = request.max_tool_calls or mcp.config.max_tool_calls
-    answers, calls = await _approved(mcp, owner, items, endpoints, cap) if runs else ({}, [])
+    answers, calls = await _approved(mcp, owner, items, endpoints, tool_call_cap(mcp, request)) if runs else ({}, [])
     return Servers(tools, answers, [*listings, *calls], builtins), endpoints
+
+
+def tool_call_cap(mcp: McpServers, request: CreateResponse) -> int:
+    """How many MCP calls a Response runs in all, approved ones too (design.md 14.4): its
+    `max_tool_calls` (0: none), else the operator's."""
+    return mcp.config.max_tool_calls if request.max_tool_calls is None else request.max_tool_calls
 
 
 async def _approved(
