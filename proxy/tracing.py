@@ -18,6 +18,7 @@ import orjson
 
 from . import config as config_module
 from .errors import CLIENT_LEFT, ProxyError
+from .responses.lifecycle import OWED
 
 if TYPE_CHECKING:
     from opentelemetry.trace import Span
@@ -194,11 +195,10 @@ class Tracing:
     def answered(self, response: dict[str, Any], first_chunk: float | None) -> None:
         """What a Responses call made, on its request's span."""
         span = self._trace.get_current_span()
-        usage = response["usage"]
         output = response["output"]
         incomplete = response.get("incomplete_details") or {}
         finish = _FINISHES.get(incomplete.get("reason", ""), "stop")
-        if any(item["type"] in ("function_call", "custom_tool_call") for item in output):
+        if any(item["type"] in OWED for item in output):  # ended for its client's tools
             finish = "tool_calls"
         failed = response["status"] == "failed"
         if failed:
@@ -210,10 +210,7 @@ class Tracing:
             "gen_ai.response.id": response["id"],
             "gen_ai.response.model": response["model"],
             "gen_ai.response.finish_reasons": ["error" if failed else finish],
-            "gen_ai.usage.input_tokens": usage["input_tokens"],
-            "gen_ai.usage.output_tokens": usage["output_tokens"],
-            "gen_ai.usage.cache_read.input_tokens": usage["input_tokens_details"]["cached_tokens"],
-            "gen_ai.usage.reasoning.output_tokens": usage["output_tokens_details"]["reasoning_tokens"],
+            **_usage_attributes(response["usage"]),
         }
         if first_chunk is not None:
             attributes["gen_ai.response.time_to_first_chunk"] = first_chunk
@@ -241,9 +238,15 @@ def _answer_attributes(answer: ResponseTranslator, rounds: int, answered_before:
         attributes["gen_ai.response.finish_reasons"] = finishes
     response = answer.response
     if not rounds and response is not None and response["status"] != "failed":
-        usage = response["usage"]
-        attributes["gen_ai.usage.input_tokens"] = usage["input_tokens"]
-        attributes["gen_ai.usage.output_tokens"] = usage["output_tokens"]
-        attributes["gen_ai.usage.cache_read.input_tokens"] = usage["input_tokens_details"]["cached_tokens"]
-        attributes["gen_ai.usage.reasoning.output_tokens"] = usage["output_tokens_details"]["reasoning_tokens"]
+        attributes |= _usage_attributes(response["usage"])
     return attributes
+
+
+def _usage_attributes(usage: dict[str, Any]) -> dict[str, Any]:
+    """A Response's usage, as the conventions' `gen_ai.usage.*`."""
+    return {
+        "gen_ai.usage.input_tokens": usage["input_tokens"],
+        "gen_ai.usage.output_tokens": usage["output_tokens"],
+        "gen_ai.usage.cache_read.input_tokens": usage["input_tokens_details"]["cached_tokens"],
+        "gen_ai.usage.reasoning.output_tokens": usage["output_tokens_details"]["reasoning_tokens"],
+    }

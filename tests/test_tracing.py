@@ -250,6 +250,28 @@ async def test_each_model_round_of_a_response_is_a_client_span_with_its_own_answ
     assert {span.parent_span_id for span in clients} == {server.span_id}
 
 
+@pytest.mark.parametrize(
+    ("tool", "name", "arguments"),
+    [
+        ({"type": "shell", "environment": {"type": "local"}}, "shell", '{"commands": ["ls"]}'),
+        ({"type": "apply_patch"}, "apply_patch", '{"type": "delete_file", "path": "x"}'),
+        ({"type": "function", "name": "lookup", "parameters": {"type": "object"}}, "lookup", "{}"),
+    ],
+)
+async def test_a_response_that_ends_with_its_clients_call_finished_by_calling_tools(
+    collector: Collector, upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, tmp_path, tool: dict, name: str, arguments: str
+) -> None:
+    """design.md 8.13, 12.1: a Response that ended for its client to run a call, of any kind the
+    client runs (its native shell and apply_patch too), finished with `tool_calls`."""
+    proxy = await start_proxy(config(upstream, tmp_path, enabled=True, endpoint=collector.url))
+    call = Step("tool", arguments, tool_id="call_1", tool_name=name)
+    upstream.script(Reply(Generation([call, Step("finish", finish_reason="tool_calls")])))
+    async with http.post(f"{proxy}/v1/responses", json={"model": "qwen3", "input": "go", "tools": [tool]}) as answer:
+        assert answer.status == 200
+    server = one(await collector.until(3), "SPAN_KIND_SERVER")
+    assert server.attributes["gen_ai.response.finish_reasons"] == ["tool_calls"]
+
+
 def test_error_type_is_the_status_else_the_proxys_code_else_the_class() -> None:
     """The values the proxy reports as `error.type` (the conventions ask that they be listed, design.md 12.1)."""
     refused = UpstreamTimeout("upstream u sent nothing for 5 s")

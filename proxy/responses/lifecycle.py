@@ -31,6 +31,18 @@ DONE = b"data: [DONE]\n\n"  # what ends every stream of events (design.md 4.1)
 _ITEM_EVENTS = ("response.output_item.added", "response.output_item.done")
 _TERMINAL_HEADS = tuple(f"event: {event}\n".encode() for event in sorted(set(TERMINAL_EVENTS.values())))
 
+# What a Response's client owes each item of its that ended the Response for it: its calls'
+# outputs, its approvals (the SDK's `required_input`, design.md 8.14); a Response that ended so
+# finished by calling tools (12.1).
+OWED = {
+    "function_call": "function_call_output",
+    "custom_tool_call": "custom_tool_call_output",
+    "shell_call": "shell_call_output",
+    "apply_patch_call": "apply_patch_call_output",
+    "computer_call": "computer_call_output",
+    "local_shell_call": "local_shell_call_output",
+    "mcp_approval_request": "mcp_approval_response",
+}
 IdSource = Callable[[str], str]  # prefix -> a new unique id with that prefix
 Clock = Callable[[], float]  # seconds since the epoch
 

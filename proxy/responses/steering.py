@@ -7,21 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import InvalidRequest
+from .lifecycle import OWED
 from .schema import parse_items
 
 _PARTS = frozenset({"input_text", "input_image", "input_file"})
 _MESSAGE_FIELDS = frozenset({"type", "role", "content", "id", "status"})
-# The outputs a client owes each of its calls before a continuation (the SDK's `required_input`).
-_OWED = {
-    "function_call": "function_call_output",
-    "custom_tool_call": "custom_tool_call_output",
-    "shell_call": "shell_call_output",
-    "apply_patch_call": "apply_patch_call_output",
-    "computer_call": "computer_call_output",
-    "local_shell_call": "local_shell_call_output",
-}
-
-
 class SteerRefused(Exception):
     """A steer that cannot be taken or committed, with the SDK's code for it."""
 
@@ -67,8 +57,8 @@ def required_input(output: list[dict[str, Any]]) -> list[dict[str, Any]]:
         kind = item.get("type")
         if kind == "mcp_approval_request":
             stubs.append({"type": "mcp_approval_response", "approval_request_id": item["id"]})
-        elif kind in _OWED:
-            stub = {"type": _OWED[kind], "call_id": item["call_id"]}
+        elif kind in OWED:
+            stub = {"type": OWED[kind], "call_id": item["call_id"]}
             stubs.append(stub | {"name": item["name"]} if kind == "function_call" else stub)
     return stubs
 
