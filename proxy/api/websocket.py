@@ -15,7 +15,7 @@ import re
 import sys
 import time
 from collections import OrderedDict, deque
-from typing import Any
+from typing import Any, NamedTuple
 
 import orjson
 from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
@@ -24,7 +24,7 @@ from ..appkeys import REQUEST_ID, RUNTIME
 from ..errors import ClientLeft, InvalidRequest, ProxyError, TooManyRequests, UpgradeRequired
 from ..responses import compaction, steering
 from ..responses.body import load_json
-from ..responses.lifecycle import completed, continuing, new_id, usage_object, whole_stream
+from ..responses.lifecycle import completed, new_id, response_id, usage_object, whole_stream
 from ..responses.steering import SteerRefused
 from ..responses.translate import ResponseTranslator
 from ..store import StoredResponse
@@ -82,8 +82,12 @@ class _Running:
         self.steers: list[Steer] = []
 
 
-# A steer held: its id, the messages it adds, its input as sent, and the bytes its frame took.
-Steer = tuple[str, list[dict[str, Any]], Any, int]
+# A steer held, until a successor takes it or it is returned.
+class Steer(NamedTuple):
+    id: str
+    messages: list[dict[str, Any]]  # the user messages it adds
+    sent: Any  # its input as the client sent it, to return it so
+    size: int  # of its frame, against the bound on held steers
 
 
 class Steered(ClientLeft):
@@ -224,7 +228,7 @@ class _Connection:
             own = body.get("input") or []
             if steers and isinstance(own, str | list):  # queued while it ran: after the outputs it waited for (8.14)
                 own = [{"type": "message", "role": "user", "content": own}] if isinstance(own, str) else own
-                body["input"] = [*own, *(message for _, messages, _, _ in steers for message in messages)]
+                body["input"] = [*own, *(message for steer in steers for message in steer.messages)]
             following: tuple[dict[str, Any], list[Steer]] | None = (body, steers)
             generate = frame.get("generate")
             while following is not None:
@@ -236,10 +240,7 @@ class _Connection:
             # The steers this turn carried were never committed: returned (8.14).
             refused = SteerRefused("successor_creation_failed", "The response that takes the input was not made.")
             previous = body.get("previous_response_id")
-            for steer_id, _, sent, _ in steers:
-                await self._send(
-                    steering.failed(refused, previous if isinstance(previous, str) else "", sent, steer_id), lane
-                )
+            await self._return(steers, refused, previous if isinstance(previous, str) else "", lane)
             await self._send_error(error.for_client(request[REQUEST_ID]), lane)
         except ClientGone:
             raise
@@ -297,14 +298,18 @@ class _Connection:
                 self._ended.popitem(last=False)
         if running.steers and translator.response is None:  # it ended in no response
             refused = SteerRefused("response_not_active", "The response ended before it took the input.")
-            for steer_id, _, sent, _ in running.steers:
-                await self._send(steering.failed(refused, id, sent, steer_id), lane)
+            await self._return(running.steers, refused, id, lane)
             running.steers.clear()
         log_failure(translator.error, f"{self._request.method} {self._request.path}", self._request[REQUEST_ID])
         if translator.response is not None:
             turn.answered(translator.response, started, None)
         response = translator.response
         return await self._successor(response, running, id) if running.steers and response is not None else None
+
+    async def _return(self, steers: list[Steer], refused: SteerRefused, target: str, lane: str | None) -> None:
+        """Steers never committed, given back to their client as it sent them (8.14)."""
+        for steer in steers:
+            await self._send(steering.failed(refused, target, steer.sent, steer.id), lane)
 
     async def _successor(
         self, response: dict[str, Any], running: _Running, id: str
@@ -319,15 +324,13 @@ class _Connection:
             while len(self._waiting_for_client) > _KEPT:  # the oldest are returned
                 gone, steers = self._waiting_for_client.popitem(last=False)
                 refused = SteerRefused("response_not_active", "The response waited too long for its continuation.")
-                for steer_id, _, sent, _ in steers:
-                    await self._send(steering.failed(refused, gone, sent, steer_id), None)
-            for steer_id, _, _, _ in running.steers:
-                await self._send(steering.pending(steer_id, id, owed), running.lane)
+                await self._return(steers, refused, gone, None)
+            for steer in running.steers:
+                await self._send(steering.pending(steer.id, id, owed), running.lane)
             return None
         if response["status"] == "failed":
             refused = SteerRefused("successor_creation_failed", "The response failed: its successor was not made.")
-            for steer_id, _, sent, _ in running.steers:
-                await self._send(steering.failed(refused, id, sent, steer_id), running.lane)
+            await self._return(running.steers, refused, id, running.lane)
             return None
         messages = [message for _, queued, _, _ in running.steers for message in queued]
         return {**running.body, "previous_response_id": id, "input": messages}, running.steers
@@ -353,14 +356,14 @@ class _Connection:
                 raise SteerRefused(
                     "steering_not_supported", "A conversation's or a compacting response is not steered."
                 )
-            held = sum(steer[3] for steers in self._held() for steer in steers)
+            held = sum(steer.size for steers in self._held() for steer in steers)
             if len(running.steers) >= _MAX_STEERS or held + size > most_bytes:
                 raise SteerRefused("too_many_pending_steers", "This response, or this connection, holds all it may.")
         except SteerRefused as refused:
             await self._send(steering.failed(refused, str(target), sent), running.lane if running else None)
             return
         steer_id = new_id("steer")
-        running.steers.append((steer_id, messages, sent, size))
+        running.steers.append(Steer(steer_id, messages, sent, size))
         await self._send(steering.accepted(steer_id, target), running.lane)  # type: ignore[arg-type]
 
     def _held(self) -> list[list[Steer]]:
@@ -370,7 +373,7 @@ class _Connection:
         """`generate: false`: the request's state kept without output, for a later turn to
         continue with `previous_response_id` (a client prewarming its connection)."""
         response = completed(
-            continuing(new_id("resp"), turn.call.echo["previous_response_id"]),
+            response_id(turn.call.echo),
             int(time.time()),
             [],
             turn.call.echo,

@@ -57,9 +57,11 @@ def new_id(prefix: str) -> str:
 CHAIN_TAG = len("resp_") + 8
 
 
-def continuing(id: str, previous: str | None) -> str:
-    """A new response's id `id`, begun as the response it continues (`previous`) begins."""
-    if previous is None or not previous.startswith("resp_") or len(previous) < CHAIN_TAG:
+def response_id(echo: dict[str, Any], ids: IdSource = new_id) -> str:
+    """A new Response's id (of `ids`), begun as the response it continues begins, where its
+    settings (`echo`) name one."""
+    id, previous = ids("resp"), echo["previous_response_id"]
+    if not isinstance(previous, str) or not previous.startswith("resp_") or len(previous) < CHAIN_TAG:
         return id
     return previous[:CHAIN_TAG] + id[CHAIN_TAG:]
 

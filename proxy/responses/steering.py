@@ -12,6 +12,8 @@ from .schema import parse_items
 
 _PARTS = frozenset({"input_text", "input_image", "input_file"})
 _MESSAGE_FIELDS = frozenset({"type", "role", "content", "id", "status"})
+
+
 class SteerRefused(Exception):
     """A steer that cannot be taken or committed, with the SDK's code for it."""
 

@@ -29,10 +29,10 @@ from .lifecycle import (
     TERMINAL_EVENTS,
     Clock,
     IdSource,
-    continuing,
     error_event,
     new_id,
     response_error,
+    response_id,
     response_object,
     usage_object,
     usage_sum,
@@ -60,7 +60,7 @@ class ResponseTranslator:
         self._logprobs = call.logprobs
         self._clock = clock
         self._new_id = ids
-        self._id = continuing(ids("resp"), call.echo["previous_response_id"])
+        self._id = response_id(call.echo, ids)
         self._created_at = int(clock())
         self._sse = SSEDecoder(max_event)
         self._events = Events(streaming)

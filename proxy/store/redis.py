@@ -46,7 +46,7 @@ Sentinels = tuple[list[tuple[str, int]], str, int, str | None, str | None]
 # A cluster's nodes to begin from, its user and password, whether over TLS.
 ClusterNodes = tuple[list[tuple[str, int]], str | None, str | None, bool]
 # How many of a response id's first characters tag its keys on a cluster: `resp_` and the 8 hex
-# digits a chain's responses share (`responses.lifecycle.continuing`, design.md 9.9).
+# digits a chain's responses share (`responses.lifecycle.response_id`, design.md 9.9).
 _CHAIN_TAG = 13
 # The longest a call's routing waits on the session map: a Redis answers in a millisecond when
 # well, and a call is routed by its hash alone when not.

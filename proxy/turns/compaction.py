@@ -12,7 +12,7 @@ import msgspec
 
 from ..errors import InvalidRequest
 from ..responses import compaction
-from ..responses.lifecycle import completed, continuing, new_id
+from ..responses.lifecycle import completed, new_id, response_id
 from ..responses.plan import plan_call
 from ..responses.schema import Message, parse_items
 from ..responses.translate import ResponseTranslator
@@ -51,7 +51,7 @@ async def compacted_turn(turn: Turn) -> dict[str, Any]:
     summary, usage = await summarised(turn)
     item = compaction.compaction_item(summary, turn.runtime.sealer, new_id)
     response = completed(
-        continuing(new_id("resp"), turn.call.echo["previous_response_id"]),
+        response_id(turn.call.echo),
         int(time.time()),
         [item],
         turn.call.echo,
