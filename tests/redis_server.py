@@ -105,6 +105,9 @@ class RedisServer(Processes):
                 time.sleep(0.02)
         client.close()
 
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port)
+
     def pin(self, cpu: int) -> None:
         """Run on this CPU alone (a bench keeps its load off the proxy's)."""
         assert self._process is not None
