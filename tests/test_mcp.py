@@ -13,6 +13,7 @@ import openai
 import orjson
 import pytest
 
+from proxy.upstream.mcp import _allows
 from tests.client import LOGPROBS, create, eventually, parse_sse, post_json, stream, validate_response
 from tests.events import check_stream, sent_scores
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
@@ -583,6 +584,28 @@ async def test_a_wildcard_entry_admits_its_own_hosts_alone(url: str, upstream: F
     proxy = await start_proxy(config(upstream.url, mcp={"allowed_servers": ["https://*.example.com/*"]}))
     status, body = await create(http, proxy, {"model": "m", "input": "hi", "tools": [{"type": "mcp", "server_label": "x", "server_url": url}]})
     assert status == 400 and body["error"]["param"] == "tools[0].server_url", body
+
+
+@pytest.mark.parametrize(
+    ("pattern", "url", "admitted"),
+    [
+        ("https://*.example.com/*", "https://a.example.com/mcp", True),
+        ("https://*.example.com/*", "https://a.example.com:443/mcp", True),  # the port left out: the scheme's
+        ("https://*.example.com/*", "https://a.example.com:8443/mcp", False),
+        ("https://*.example.com/*", "http://a.example.com/mcp", False),
+        ("https://*.example.com/*", "https://a.b.example.com/mcp", False),  # `*` within one label
+        ("https://*.example.com/*", "https://example.com/mcp", False),
+        ("https://*.example.com/*", "https://a.example.com/mcp#x", False),
+        ("https://*.example.com/*", "https://me:pw@a.example.com/mcp", False),
+        ("http://*:*/mcp", "http://h:8123/mcp", True),
+        ("http://*:*/mcp", "http://h/mcp", True),  # `*`: any port
+        ("http://h:8000/mcp", "http://h/mcp", False),
+        ("https://h/mcp", "https://h/mcp?x=1", False),  # the path and query as fnmatch reads them
+    ],
+)
+def test_an_allowed_servers_entry_matches_part_by_part(pattern: str, url: str, admitted: bool) -> None:
+    """design.md 14.1, each part of an entry against the URL's."""
+    assert _allows(pattern, url) is admitted
 
 
 async def test_an_ipv4_address_inside_an_ipv6_one_is_refused_as_its_ipv4_would_be(

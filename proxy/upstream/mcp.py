@@ -380,6 +380,9 @@ def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip in _METADATA
 
 
+_PORTS = {"http": 80, "https": 443}
+
+
 def _allows(pattern: str, url: str) -> bool:
     """Whether an `allowed_servers` entry admits a URL: its parts matched one by one, the host's
     `*` within one label (never across a `.`, a `/` or a `@`; a host of `*` alone: any), the path
@@ -390,10 +393,11 @@ def _allows(pattern: str, url: str) -> bool:
         return False
     wanted = want.hostname or ""
     host = "[^/@]+" if wanted == "*" else re.escape(wanted).replace(r"\*", "[^./@:]*").replace(r"\?", "[^./@:]")
-    try:
-        port_ok = want.port == got.port or (want.netloc.endswith(":*") and got.port is not None)
-    except ValueError:
-        port_ok = want.netloc.endswith(":*")
+    try:  # a port left out is the scheme's
+        port_ok = (want.port or _PORTS[want.scheme]) == (got.port or _PORTS[got.scheme])
+    except (ValueError, KeyError):
+        port_ok = False
+    port_ok = port_ok or want.netloc.endswith(":*")
     path = f"{got.path}?{got.query}" if got.query else got.path
     return (
         want.scheme == got.scheme
