@@ -7,6 +7,7 @@ import pytest
 
 from proxy.errors import UpstreamTimeout
 from proxy.responses.chat import upstream_error
+from proxy.responses.lifecycle import response_id
 from proxy.responses.plan import TranslationSettings, plan_call
 from proxy.responses.schema import parse_request
 from proxy.responses.sse import DEFAULT_MAX_EVENT
@@ -501,3 +502,14 @@ def test_flat_sglang_error_body_as_a_frame_fails_with_its_message() -> None:
     assert stream.terminal == "response.failed"
     assert stream.events[-2]["message"] == stream.events[-1]["response"]["error"]["message"] == "context too long"
     assert stream.logprobs == sent_scores(chunks[:2])
+
+
+def test_a_continuing_response_begins_its_id_as_its_chains() -> None:
+    """design.md 9.4: `resp_` and the previous response's 8 hex digits, then its own random ones;
+    a response that continues none, or an id of another shape, begins its own."""
+    previous = "resp_0123abcd" + "f" * 24
+    continuing = response_id({"previous_response_id": previous})
+    assert continuing[:13] == previous[:13] and continuing != previous and len(continuing) == len(previous)
+    assert len({response_id({"previous_response_id": previous})[13:] for _ in range(50)}) == 50
+    for other in (None, "chatcmpl-x", "resp_1"):
+        assert not response_id({"previous_response_id": other}).startswith(previous[:13])
