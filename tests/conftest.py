@@ -57,7 +57,9 @@ async def http() -> AsyncIterator[aiohttp.ClientSession]:
 
 @pytest.fixture
 async def sdk(proxy: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0, timeout=10)
+    """The openai SDK, checking each answer against its own types (by default it builds them
+    unchecked: a required field missing would pass)."""
+    client = openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0, timeout=10, _strict_response_validation=True)
     yield client
     await client.close()
 

@@ -35,7 +35,10 @@ HISTORY: list[Any] = [
 
 async def test_a_conversation_compacts_and_goes_on_from_its_summary(upstream: FakeUpstream, sdk: openai.AsyncOpenAI) -> None:
     upstream.script(Reply(SUMMARISED), Reply(HI))
-    compacted = await sdk.responses.compact(model="m", input=HISTORY, extra_body={"tools": TOOLS})  # type: ignore[arg-type]
+    # The SDK's CompactedResponse types its output as output items, where the API keeps the
+    # user's messages as they were (input_text): read unchecked, as the SDK does by default.
+    async with openai.AsyncOpenAI(base_url=str(sdk.base_url), api_key="unused", max_retries=0) as unchecked:
+        compacted = await unchecked.responses.compact(model="m", input=HISTORY, extra_body={"tools": TOOLS})  # type: ignore[arg-type]
     asked = upstream.requests[-1]
     assert asked["messages"][-1] == {"role": "user", "content": PROMPT}
     assert "tools" not in asked and asked["stream"] is False  # the model writes text

@@ -46,7 +46,7 @@ async def mcp_proxy(upstream: FakeUpstream, tool_server: ToolServer, start_proxy
 
 @pytest.fixture
 async def sdk(mcp_proxy: str) -> AsyncIterator[openai.AsyncOpenAI]:
-    client = openai.AsyncOpenAI(base_url=f"{mcp_proxy}/v1", api_key="unused", max_retries=0, timeout=20)
+    client = openai.AsyncOpenAI(base_url=f"{mcp_proxy}/v1", api_key="unused", max_retries=0, timeout=20, _strict_response_validation=True)
     yield client
     await client.close()
 
