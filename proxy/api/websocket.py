@@ -386,13 +386,14 @@ class _Connection:
         """SSE-framed events as the transport's frames, each event's JSON alone, with its lane's
         `stream_id`. A client that takes nothing for its upstream's `client_idle` is let go, its
         turns and their upstream requests with them (4.12)."""
-        tail = b"}" if lane is None else b',"stream_id":' + orjson.dumps(lane) + b"}"
+        # A lane's name goes in before each event's closing brace; no lane, the event as it is.
+        tail = None if lane is None else b',"stream_id":' + orjson.dumps(lane) + b"}"
         try:
             async with asyncio.timeout(turn.target.upstream.timeouts.client_idle):
                 for event in sse.split(b"\n\n"):
                     data = event.partition(b"data: ")[2]
                     if data and data != b"[DONE]":
-                        await self._socket.send_str((data[:-1] + tail).decode())
+                        await self._socket.send_str((data if tail is None else data[:-1] + tail).decode())
         except TimeoutError:
             raise ClientGone("the client took nothing for client_idle") from None
 
