@@ -74,6 +74,21 @@ async def test_a_lanes_turns_run_in_the_order_sent(upstream: FakeUpstream, proxy
     assert texts == ["one0 one1 one2 ", "two0 two1 two2 "]
 
 
+async def test_lanes_past_the_cap_wait_for_one_to_end(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 8.14: at most `connections.websocket_lanes` lanes run at once on a connection;
+    the next lane's turn starts when one ends (here one at a time)."""
+    url = await start_proxy(config(upstream.url, connections={"websocket_lanes": 1}))
+    upstream.choose = lambda body: slow(words(body["messages"][-1]["content"], 4))
+    async with http.ws_connect(f"{url}/v1/responses") as socket:
+        for lane in ("a", "b"):
+            await socket.send_json({"type": "response.create", "model": "m", "input": lane, "store": False, "stream_id": lane})
+        events: list[dict[str, Any]] = []
+        while sum(event["type"] == "response.completed" for event in events) < 2:
+            events.append(await socket.receive_json(timeout=10))
+    marks = [(event["stream_id"], event["type"]) for event in events if event["type"] in ("response.created", "response.completed")]
+    assert marks == [("a", "response.created"), ("a", "response.completed"), ("b", "response.created"), ("b", "response.completed")]
+
+
 async def test_a_lane_name_outside_the_sdks_rule_is_an_error_frame(proxy: str, http: aiohttp.ClientSession) -> None:
     async with http.ws_connect(f"{proxy}/v1/responses") as socket:
         await socket.send_json({"type": "response.create", "model": "m", "input": "x", "stream_id": "no spaces"})
