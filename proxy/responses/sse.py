@@ -78,6 +78,8 @@ class SSEDecoder:
         return chunk[len(_BOM) :] if chunk.startswith(_BOM) else chunk
 
     def _hold(self, piece: bytes) -> None:
+        if not piece:  # an empty read: the `\r` ending what is held still ends it
+            return
         self._partial.append(piece)
         self._partial_size += len(piece)
         # A `\r` that ends the piece may end its line: `_lines` does not count it then.

@@ -156,3 +156,14 @@ def test_an_event_over_the_size_limit_ends_the_input_however_it_is_split(stream:
             assert events == [b"a"] and isinstance(decoder.failure, UpstreamProtocolError)
         else:
             assert events == expected and decoder.failure is None
+
+
+def test_an_empty_read_after_a_held_carriage_return_counts_it_no_more() -> None:
+    """design.md 6.11: an event of exactly the limit, its line held up to the `\\r` of its CRLF,
+    then a read of nothing: the `\\r` still ends the line, and the event passes (hypothesis found
+    it counted again, and the stream failed)."""
+    line = b":" + b"z" * (LIMIT - 1)
+    body = b"\r\n".join([b"data: a", b"", line, b"", b"data: after", b"", b""])
+    cut = body.index(line) + len(line) + 1  # just past the `\r`
+    decoder = SSEDecoder(max_event_size=LIMIT)
+    assert decode([body[:cut], b"", body[cut:]], decoder) == [b"a", b"after"] and decoder.failure is None
