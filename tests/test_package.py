@@ -1,0 +1,56 @@
+"""What users install holds the product: the sdist and the wheel built by the standard `build`
+frontend carry every file of the source tree's `proxy/` package, compared with the tree itself
+(not with a list kept by hand), so a folder without its `__init__.py` or a new data file that the
+package data leaves out fails here, where an editable install would import it anyway."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import tarfile
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def source_files() -> set[str]:
+    """Every file under `proxy/` as the checkout has it, bytecode aside."""
+    return {
+        path.relative_to(ROOT).as_posix()
+        for path in (ROOT / "proxy").rglob("*")
+        if path.is_file() and "__pycache__" not in path.parts and path.suffix != ".pyc"
+    }
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sdist, and the wheel built from that sdist (what `python -m build` does)."""
+    out = tmp_path_factory.mktemp("dist")
+    subprocess.run([sys.executable, "-m", "build", "--outdir", str(out), str(ROOT)], check=True, capture_output=True)
+    return out
+
+
+def test_the_wheel_holds_every_file_of_the_package(built: Path) -> None:
+    (wheel,) = built.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        shipped = {name for name in archive.namelist() if name.startswith("proxy/")}
+    assert sorted(source_files() - shipped) == []
+
+
+def test_the_sdist_holds_every_file_of_the_package(built: Path) -> None:
+    (sdist,) = built.glob("*.tar.gz")
+    with tarfile.open(sdist) as archive:
+        # Each member is under the sdist's own top folder, `responses_proxy-<version>/`.
+        shipped = {name.split("/", 1)[1] for name in archive.getnames() if "/proxy/" in name}
+    assert sorted(source_files() - shipped) == []
+
+
+def test_the_wheel_carries_no_file_from_outside_the_package(built: Path) -> None:
+    """Only `proxy/` and the distribution's metadata: never tests or a stray build folder."""
+    (wheel,) = built.glob("*.whl")
+    with zipfile.ZipFile(wheel) as archive:
+        tops = {name.split("/", 1)[0] for name in archive.namelist()}
+    assert {top for top in tops if not top.endswith(".dist-info")} == {"proxy"}
