@@ -16,8 +16,8 @@ from types import FrameType
 
 from aiohttp import web
 
+from . import __version__, logs, metrics
 from . import config as config_module
-from . import logs, metrics
 from .appkeys import RUNTIME
 from .config import Config, ConfigError
 from .server import create_app, serve, shut_down
@@ -30,6 +30,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         prog="responses-proxy",
         description="OpenAI Responses API in front of SGLang, vLLM or any Chat Completions server.",
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--config", metavar="PATH", help="YAML config file (every key: configs/proxy.example.yaml)")
     parser.add_argument(
         "--check-config", metavar="PATH", help="validate PATH, print its routes, exit non-zero on error"

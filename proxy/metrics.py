@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import platform
 import time
 from collections.abc import AsyncIterator
 from contextlib import AbstractAsyncContextManager
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, exposition, generate_latest, multiprocess
 
+from . import __version__
 from .errors import CLIENT_LEFT
 from .tracing import error_type, failed_in
 
@@ -146,6 +148,14 @@ class Metrics:
             registry=self.registry,
             multiprocess_mode="livesum",  # the live workers' streams together
         )
+        # What runs, as Prometheus' build-info convention has it: 1, the facts in its labels.
+        Gauge(
+            "proxy_build_info",
+            "The version of responses-proxy and the Python that runs it.",
+            ["version", "python"],
+            registry=self.registry,
+            multiprocess_mode="max",
+        ).labels(__version__, platform.python_version()).set(1)
         self.output_tokens = Labelled(
             Counter("proxy_output_tokens", "Tokens generated, from upstream usage.", ["route"], registry=self.registry)
         )

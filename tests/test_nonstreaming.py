@@ -3,6 +3,8 @@ upstream was asked, and the Response the client got (design.md 3, 5 and 6)."""
 
 from __future__ import annotations
 
+import importlib.metadata
+import platform
 from typing import Any
 
 import openai.types.responses as sdk_types
@@ -12,6 +14,7 @@ from proxy.config import parse, single_upstream
 from tests.client import LOGPROBS, create, envelope, output_text, validate_response
 from tests.events import as_response_logprob
 from tests.fake_upstream import Generation, Reply, Step, score, sglang_error, vllm_error
+from tests.harness import sample, scrape
 
 BODY = {"model": "m", "input": "hi"}
 DIALECTS = ["sglang", "vllm"]
@@ -347,9 +350,14 @@ async def test_upstream_unreachable(start_proxy, http):
 # -- other endpoints ----------------------------------------------------------------------
 
 
-async def test_health(proxy, http):
+async def test_health_and_the_metrics_name_the_installed_version(proxy, http):
+    """design.md 12.2: what runs is the distribution's version, as its metadata has it."""
+    installed = importlib.metadata.version("responses-proxy")
     async with http.get(f"{proxy}/health") as response:
         assert response.status == 200
+        assert await response.json() == {"status": "ok", "version": installed}
+    metrics = await scrape(http, proxy)
+    assert sample(metrics, "proxy_build_info", version=installed, python=platform.python_version()) == 1
 
 
 async def test_models_pass_through(upstream, proxy, http):

@@ -7,6 +7,7 @@ from typing import Any
 import orjson
 from aiohttp import web
 
+from .. import __version__
 from ..appkeys import RUNTIME
 from ..config import Route, Target, resolve
 from ..errors import UpstreamProtocolError
@@ -15,7 +16,8 @@ from .common import json_response
 
 
 async def health(request: web.Request) -> web.Response:
-    return web.Response(text="ok")
+    """200 while the process is up, with the version it runs (design.md 12.2)."""
+    return json_response({"status": "ok", "version": __version__})
 
 
 async def ready(request: web.Request) -> web.Response:
