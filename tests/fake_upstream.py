@@ -279,6 +279,7 @@ class Reply:
     delay: float = 0.0  # before each write
     headers_delay: float = 0.0
     stall_after: int | None = None  # then hang until the client leaves (or close())
+    hold: asyncio.Event | None = None  # the stream's headers sent, its events wait until it is set
     drop_after: int | None = None  # then abort the TCP connection
     error_frame_after: int | None = None  # SGLang's `data: {"error": ...}`; the rest still follows
     extra_frames: list[bytes] = field(default_factory=list)  # raw, just before [DONE]
@@ -437,6 +438,8 @@ class FakeUpstream:
         self.active_streams += 1
         try:
             await resp.prepare(request)
+            if reply.hold is not None:
+                await reply.hold.wait()
             for chunk in writes:
                 await asyncio.sleep(reply.delay)
                 await resp.write(chunk)

@@ -89,6 +89,45 @@ async def test_lanes_past_the_cap_wait_for_one_to_end(upstream: FakeUpstream, st
     assert marks == [("a", "response.created"), ("a", "response.completed"), ("b", "response.created"), ("b", "response.completed")]
 
 
+async def test_waiting_frames_start_in_the_order_they_came_across_lanes(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession
+) -> None:
+    """design.md 8.14: with all `connections.websocket_lanes` (8) running, lane x's frame, sent
+    before the eight lanes' second frames, starts at the first lane's end, before any of them
+    (it waited for all eight, lanes first seen going first). The eight first turns are held by
+    the upstream until the proxy has read every frame (a steer's answer, which comes in the
+    order the frames came, says so), then one is let go: one slot frees."""
+    lanes = [f"l{i}" for i in range(8)]
+    holds = {lane: asyncio.Event() for lane in lanes}
+    upstream.choose = lambda body: Reply(words(body["messages"][-1]["content"]), hold=holds.get(body["messages"][-1]["content"]))
+    events: list[dict[str, Any]] = []
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+
+        async def create(lane: str, text: str) -> None:
+            await socket.send_json({"type": "response.create", "model": "m", "input": text, "store": False, "stream_id": lane})
+
+        for lane in lanes:
+            await create(lane, lane)
+        await create("x", "x")
+        for lane in lanes:
+            await create(lane, f"{lane} again")
+        await socket.send_json({"type": "response.steer", "previous_response_id": "resp_none", "input": "sync"})
+        await until(socket, "response.steer.failed", events)
+        assert not [event for event in events if event["type"] in TERMINAL]  # every frame read, none ended
+        holds["l0"].set()
+        while True:  # to the first turn started after the first ended: x's, or a lane's second
+            lane = (await until(socket, "response.created", events))["stream_id"]
+            if lane == "x" or [event.get("stream_id") for event in events if event["type"] == "response.created"].count(lane) == 2:
+                break
+        assert lane == "x"
+        for hold in holds.values():
+            hold.set()
+        while sum(event["type"] in TERMINAL for event in events) < 17:
+            events.append(await socket.receive_json(timeout=10))
+    texts = {event["response"]["output"][0]["content"][0]["text"] for event in events if event["type"] == "response.completed"}
+    assert texts == {"x0 ", *(f"{lane}0 " for lane in lanes), *(f"{lane} again0 " for lane in lanes)}
+
+
 async def test_a_lane_name_outside_the_sdks_rule_is_an_error_frame(proxy: str, http: aiohttp.ClientSession) -> None:
     async with http.ws_connect(f"{proxy}/v1/responses") as socket:
         await socket.send_json({"type": "response.create", "model": "m", "input": "x", "stream_id": "no spaces"})

@@ -59,16 +59,13 @@ async def responses_socket(request: web.Request) -> web.StreamResponse:
     return socket
 
 
-class _Lane:
-    """The turns of one `stream_id` (None: frames that name none): waiting, and the one running."""
-
-    __slots__ = ("frames", "task")
-
-    def __init__(self) -> None:
-        # Each frame as it came (its JSON read again when its turn comes: parsed, a frame takes
-        # many times its size, 8.9), or why it is none, and its size.
-        self.frames: deque[tuple[bytes | ProxyError, int]] = deque()
-        self.task: asyncio.Task[None] | None = None
+# A frame waiting for its turn: its lane (`stream_id`; None: frames that name none), the frame as
+# it came (its JSON read again when its turn comes: parsed, a frame takes many times its size,
+# 8.9) or why it is none, and its size.
+class _Waiting(NamedTuple):
+    lane: str | None
+    frame: bytes | ProxyError
+    size: int
 
 
 class _Running:
@@ -99,7 +96,8 @@ class _Connection:
         self._request = request
         self._socket = socket
         self._kept: OrderedDict[str, StoredResponse] = OrderedDict()
-        self._lanes: dict[str | None, _Lane] = {}
+        self._lanes: dict[str | None, asyncio.Task[None]] = {}  # each lane's turn running
+        self._frames: deque[_Waiting] = deque()  # in the order they came, over all lanes
         self._running: dict[str, _Running] = {}
         self._ended: OrderedDict[str, None] = OrderedDict()  # responses that ended here, the last few
         # The steers of responses that stopped for their client, the last few (8.14).
@@ -115,26 +113,22 @@ class _Connection:
         limits = config.connections
         loop = asyncio.get_running_loop()
         ends_at = loop.time() + limits.websocket_lifetime
-        # The frames waiting, and the bytes they hold in memory: a text frame's str takes up to 4
-        # a character (one emoji makes a whole str so), more than its length says.
-        self._waiting = self._queued = 0
+        # The bytes the frames waiting hold in memory: a text frame's str takes up to 4 a
+        # character (one emoji makes a whole str so), more than its length says.
+        self._queued = 0
         receiving: asyncio.Task[WSMessage] | None = None
         try:
             while True:
                 self._start_turns(limits.websocket_lanes)
                 if receiving is None and loop.time() < ends_at:
                     receiving = asyncio.create_task(self._socket.receive(timeout=max(0.0, ends_at - loop.time())))
-                running: set[asyncio.Task[Any]] = {lane.task for lane in self._lanes.values() if lane.task}
+                running: set[asyncio.Task[Any]] = set(self._lanes.values())
                 if receiving is not None:
                     running.add(receiving)
                 if not running:
                     break  # its lifetime is over, between two turns
                 done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
-                for key, lane in list(self._lanes.items()):
-                    if lane.task in done:
-                        lane.task = None
-                    if lane.task is None and not lane.frames:
-                        del self._lanes[key]
+                self._lanes = {lane: task for lane, task in self._lanes.items() if task not in done}
                 if receiving in done:
                     try:
                         message = receiving.result()
@@ -147,7 +141,7 @@ class _Connection:
                     elif message is not None:
                         break  # closed: the turns still running stop, and their upstream requests with them
         finally:
-            tasks = [task for task in (receiving, *(lane.task for lane in self._lanes.values())) if task is not None]
+            tasks = [task for task in (receiving, *self._lanes.values()) if task is not None]
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -171,24 +165,25 @@ class _Connection:
                 InvalidRequest("'stream_id' is 1 to 256 letters, digits, '_', '-' or '.'.", param="stream_id"),
                 None,
             )
-        self._waiting += 1
+        self._frames.append(_Waiting(lane, queued, size))
         self._queued += size
-        if self._waiting > most or (self._queued > most_bytes and self._waiting > 1):
+        if len(self._frames) > most or (self._queued > most_bytes and len(self._frames) > 1):
             await self.overflowed()
             return False
-        self._lanes.setdefault(lane, _Lane()).frames.append((queued, size))
         return True
 
     def _start_turns(self, most: int) -> None:
-        """The next frame of each lane whose turn is over, as long as fewer than `most` run."""
-        for key, lane in self._lanes.items():
-            if sum(lane.task is not None for lane in self._lanes.values()) >= most:
-                return
-            if lane.task is None and lane.frames:
-                frame, size = lane.frames.popleft()
-                self._waiting -= 1
-                self._queued -= size
-                lane.task = asyncio.create_task(self.turn(frame, key))
+        """The frames waiting, in the order they came, each started once its lane is free, while
+        fewer than `most` lanes run (design.md 8.14): a frame whose lane is busy is passed by
+        the later frames of other lanes, never by its own lane's."""
+        waiting: deque[_Waiting] = deque()
+        for frame in self._frames:
+            if frame.lane in self._lanes or len(self._lanes) >= most:
+                waiting.append(frame)
+                continue
+            self._queued -= frame.size
+            self._lanes[frame.lane] = asyncio.create_task(self.turn(frame.frame, frame.lane))
+        self._frames = waiting
 
     def _config(self) -> Any:
         return self._request.app[RUNTIME].config
