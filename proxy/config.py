@@ -306,7 +306,7 @@ class Mcp(_Section, frozen=True):
     """Tools the proxy runs itself: remote MCP servers (design.md 14)."""
 
     # The `server_url` values (exact, or `fnmatch` patterns) that clients may name; none by
-    # default. A loopback or link-local host only by an entry that names its host outright.
+    # default. A host on an address that is not public only by an entry that names it outright.
     allowed_servers: list[str] = []
     servers: list[McpServer] = []
     timeout: Seconds = 30.0  # one MCP request: a listing, or a call

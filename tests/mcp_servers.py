@@ -66,6 +66,8 @@ class ToolServer(_Loopback):
     def __init__(self) -> None:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []  # every HTTP request's, names lower-cased
+        self.raw_headers: list[list[tuple[str, str]]] = []  # every HTTP request's, in order, duplicates kept
+        self.paths: list[str] = []  # every HTTP request's path, as sent (percent-encoded)
         self.list_requests = 0
         self.sleeping = self.most_sleeping = 0  # `sleep` calls at once, now and at most
         self.mcp = self._build()
@@ -136,7 +138,10 @@ class ToolServer(_Loopback):
 
         async def recording(scope: Scope, receive: Receive, send: Send) -> None:
             if scope["type"] == "http":
-                self.headers.append({k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]})
+                raw = [(k.decode("latin-1"), v.decode("latin-1")) for k, v in scope["headers"]]
+                self.raw_headers.append(raw)
+                self.headers.append({k.lower(): v for k, v in raw})
+                self.paths.append(scope["raw_path"].decode("latin-1"))
             await app(scope, receive, send)
 
         return recording

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 import httpcore2
 import httpx2
@@ -36,11 +36,18 @@ from ..responses.mcp import BUILTIN_KINDS, Builtin, McpTool
 log = logging.getLogger("proxy")
 T = TypeVar("T")
 
-# Addresses a server named by a client may have only where the operator named its host outright:
-# the proxy's own host, and the cloud metadata services (design.md 14.1).
-_METADATA = {ipaddress.ip_address(address) for address in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200")}
-_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+# What `ipaddress` calls global (or, as Python versions differ, may) that reaches the host's own
+# network all the same: the IETF's protocol assignments (their PCP and TURN anycast answered by the
+# local gateway), Azure's host endpoint (a cloud's host service, as the metadata address is), the
+# local-use NAT64 prefix and the deprecated site-local one (design.md 14.1).
+_NOT_PUBLIC = [
+    ipaddress.ip_network(network) for network in ("192.0.0.0/24", "168.63.129.16/32", "64:ff9b:1::/48", "fec0::/10")
+]
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")  # the well-known prefix, an IPv4 address in its last 32 bits
 _GLOB = set("*?[")
+# The headers of the connection itself and of its messages' framing: a client's `Host` would reach
+# another virtual host than the one admitted, its `Content-Length` cut the messages elsewhere (14.2).
+_CONNECTION_HEADERS = {"host", "content-length", "transfer-encoding", "connection", "upgrade", "te"}
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +57,8 @@ class Endpoint:
     label: str
     url: str
     headers: Mapping[str, str]
-    # Whether it may be on a loopback, link-local or metadata address: the operator named it.
+    # Whether it may be on an address that is not public (loopback, private, metadata...): the
+    # operator named it.
     internal: bool
     description: str | None = None
     token_file: str | None = None  # a bearer token read at each connection: a rotated secret applies at once
@@ -63,7 +71,7 @@ class Endpoint:
             token = Path(self.token_file).read_text().strip()
         except OSError:
             raise McpFailure(_http_error(401, "The operator's credential for this server cannot be read.")) from None
-        return {**self.headers, "Authorization": f"Bearer {token}"}
+        return _merged(self.headers, {"Authorization": f"Bearer {token}"})
 
 
 class McpFailure(Exception):
@@ -86,6 +94,12 @@ class McpServers:
     def endpoint(self, tool: McpTool, index: int) -> Endpoint:
         """The server a request's tool names, where the operator lets clients reach it; else a
         400 naming the field, and the server is never contacted (design.md 14.1)."""
+        connection = _CONNECTION_HEADERS.intersection(name.lower() for name in tool.headers or ())
+        if connection:
+            raise InvalidRequest(
+                f"The header '{connection.pop()}' is the HTTP connection's own: a request cannot set it.",
+                param=f"tools[{index}].headers",
+            )
         if tool.server_url is None:
             server = self._by_connector.get(tool.connector_id) if tool.connector_id else None
             server = server or self._by_label.get(tool.server_label)
@@ -95,15 +109,20 @@ class McpServers:
                     param=f"tools[{index}].server_url",
                 )
             return self.operator_endpoint(server, tool)
-        url = tool.server_url
+        try:
+            url = _sent(tool.server_url)
+        except ValueError as exc:
+            raise InvalidRequest(
+                f"The MCP server URL is not valid: {exc}", param=f"tools[{index}].server_url"
+            ) from None
         allowed = [pattern for pattern in self.config.allowed_servers if _allows(pattern, url)]
         if not allowed:
             raise InvalidRequest(
-                f"The MCP server '{url}' is not one this proxy's operator allows (mcp.allowed_servers).",
+                f"The MCP server '{tool.server_url}' is not one this proxy's operator allows (mcp.allowed_servers).",
                 param=f"tools[{index}].server_url",
             )
         internal = any(_GLOB.isdisjoint(urlsplit(pattern).netloc) for pattern in allowed)
-        return Endpoint(tool.server_label, url, _client_headers(tool), internal, tool.server_description)
+        return Endpoint(tool.server_label, str(url), _client_headers(tool), internal, tool.server_description)
 
     def builtin(self, kind: str) -> tuple[Builtin, Endpoint] | None:
         """The operator's MCP tool that answers a built-in tool type, if it maps one (14.8)."""
@@ -114,9 +133,10 @@ class McpServers:
         return Builtin(mapped, hosted.server, hosted.tool), self.operator_endpoint(self._by_label[hosted.server])
 
     def operator_endpoint(self, server: McpServer, tool: McpTool | None = None) -> Endpoint:
-        headers = {**(_client_headers(tool) if tool is not None else {}), **server.headers}
-        if server.authorization:
-            headers["Authorization"] = f"Bearer {server.authorization}"
+        # The operator's headers win over the client's, whatever their case: a server that reads
+        # the first of two trusts what came first (design.md 14.2).
+        operators = {"Authorization": f"Bearer {server.authorization}"} if server.authorization else {}
+        headers = _merged(_client_headers(tool), server.headers, operators)
         description = (tool.server_description if tool is not None else None) or server.description
         return Endpoint(server.server_label, server.url, headers, True, description, server.authorization_file)
 
@@ -225,10 +245,15 @@ def _client_headers(tool: McpTool | None) -> dict[str, str]:
     """What a request sends its server alone (design.md 14.2)."""
     if tool is None:
         return {}
-    headers = dict(tool.headers or {})
-    if tool.authorization:
-        headers["Authorization"] = f"Bearer {tool.authorization}"
-    return headers
+    return _merged(tool.headers or {}, {"Authorization": f"Bearer {tool.authorization}"} if tool.authorization else {})
+
+
+def _merged(*layers: Mapping[str, str]) -> dict[str, str]:
+    """Headers, one of each name whatever its case: a later layer's replaces an earlier one's."""
+    merged: dict[str, tuple[str, str]] = {}
+    for layer in layers:
+        merged |= {name.lower(): (name, value) for name, value in layer.items()}
+    return dict(merged.values())
 
 
 def _listed(tool: Any) -> dict[str, Any]:
@@ -369,39 +394,63 @@ class _Checked(httpcore2.AsyncNetworkBackend):
 
 
 def _internal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
-    """A loopback, link-local, unspecified or metadata address, also inside an IPv6 one that
-    carries an IPv4 address (mapped, 6to4, NAT64)."""
+    """Any address but a public unicast one (design.md 14.1); an IPv6 address that carries an
+    IPv4 one (mapped, 6to4, NAT64's well-known prefix) as that IPv4 address is. An IPv4-compatible
+    one is reserved, and a Teredo one not global: whatever it carries, a relay sends it on to."""
     if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour
-        if embedded is None and ip in _NAT64:
-            embedded = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
-        if embedded is not None and _internal(embedded):
-            return True
-    return ip.is_loopback or ip.is_link_local or ip.is_unspecified or ip in _METADATA
+        carried = ip.ipv4_mapped or ip.sixtofour
+        if carried is None and ip in _NAT64:
+            carried = ipaddress.IPv4Address(int(ip) & 0xFFFFFFFF)
+        if carried is not None:
+            return _internal(carried)
+    public = ip.is_global and not (ip.is_multicast or ip.is_reserved or any(ip in network for network in _NOT_PUBLIC))
+    return not public
 
 
 _PORTS = {"http": 80, "https": 443}
 
 
-def _allows(pattern: str, url: str) -> bool:
-    """Whether an `allowed_servers` entry admits a URL: its parts matched one by one, the host's
-    `*` within one label (never across a `.`, a `/` or a `@`; a host of `*` alone: any), the path
-    as `fnmatch` reads it (none: any); a URL with credentials in it is never admitted (design.md
-    14.1)."""
-    want, got = urlsplit(pattern), urlsplit(url)
-    if got.scheme not in ("http", "https") or got.username or got.password or got.fragment:
+def _sent(url: str) -> httpx2.URL:
+    """A `server_url` as the HTTP client sends it (its `.` and `..` segments resolved, its host
+    IDNA-encoded): what an entry is matched against and what is connected to; a ValueError,
+    saying why, for one that it cannot send, or whose path still has a dot segment once
+    percent-decoded, which servers differ in resolving (design.md 14.1)."""
+    try:
+        sent = httpx2.URL(url)
+    except httpx2.InvalidURL as exc:
+        raise ValueError(str(exc)) from None
+    if not sent.host:
+        raise ValueError("it names no host")
+    if sent.port is not None and not 0 < sent.port < 65536:
+        raise ValueError(f"its port {sent.port} is out of range")
+    sent.host.encode("idna")  # as the connection resolves it: a label DNS cannot carry is a UnicodeError
+    for segment in sent.raw_path.decode("ascii").partition("?")[0].split("/"):
+        while "%" in segment and (decoded := unquote(segment)) != segment:  # some servers decode twice
+            segment = decoded
+        # Some servers read a `\` as a `/`, and drop a segment's `;` parameters.
+        if any(part.partition(";")[0] in (".", "..") for part in re.split(r"[/\\]", segment)):
+            raise ValueError("its path has a '.' or '..' segment as a server may read it (percent-encoded, '..;')")
+    return sent
+
+
+def _allows(pattern: str, url: httpx2.URL) -> bool:
+    """Whether an `allowed_servers` entry admits a URL as it is sent: its parts matched one by
+    one, the host's `*` within one label (never across a `.`, a `/` or a `@`; a host of `*`
+    alone: any), the path and query as sent, as `fnmatch` reads them (none: any); a URL with
+    credentials in it is never admitted (design.md 14.1)."""
+    want, path = urlsplit(pattern), url.raw_path.decode("ascii")
+    if url.scheme not in _PORTS or url.userinfo or url.fragment:
         return False
     wanted = want.hostname or ""
     host = "[^/@]+" if wanted == "*" else re.escape(wanted).replace(r"\*", "[^./@:]*").replace(r"\?", "[^./@:]")
     try:  # a port left out is the scheme's
-        port_ok = (want.port or _PORTS[want.scheme]) == (got.port or _PORTS[got.scheme])
+        port_ok = (want.port or _PORTS[want.scheme]) == (url.port or _PORTS[url.scheme])
     except (ValueError, KeyError):
         port_ok = False
     port_ok = port_ok or want.netloc.endswith(":*")
-    path = f"{got.path}?{got.query}" if got.query else got.path
     return (
-        want.scheme == got.scheme
-        and re.fullmatch(host, got.hostname or "") is not None
+        want.scheme == url.scheme
+        and re.fullmatch(host, url.host) is not None
         and port_ok
         and (not want.path or fnmatch.fnmatchcase(path, f"{want.path}?{want.query}" if want.query else want.path))
     )
