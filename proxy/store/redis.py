@@ -100,17 +100,37 @@ if ARGV[1] ~= '' and redis.call('HGET', KEYS[1], 'holder') ~= ARGV[1] then
   return redis.error_reply('FENCED')
 end
 """
-# What a response adds to its owner's: its items' pointers (KEYS[first...], `pointer`), and its id
-# by age (`at`) in the owner's index (`index`), whose ids made longer ago than records live (`ttl`)
-# go, and which lives as long as its newest; then the owner's oldest past the bound `most` (by
-# age, then id, as its list orders them, but `id` the newest of its second: one just made stays),
-# at most 100 a put (a bound lowered is reached over later puts), taken out of it and returned,
-# for their records to go. On a cluster an owner's share a slot (9.9).
-_OWN = """
-local function own(index, at, id, ttl, pointer, first, most)
+# The pointers a response wrote (the set `written` holds their keys) go with it, but those a later
+# response's item of the same id took, which name that one (design.md 9.1): the set is on its
+# owner's slot, as they are (9.9).
+_UNPOINT = """
+local function unpoint(written, id)
+  for _, key in ipairs(redis.call('SMEMBERS', written)) do
+    local pointer = redis.call('GET', key)
+    if pointer and cjson.decode(pointer)['response_id'] == id then
+      redis.call('DEL', key)
+    end
+  end
+  redis.call('DEL', written)
+end
+"""
+# What a response adds to its owner's: its items' pointers (KEYS[first...], `pointer`) and the set
+# of their keys (`written` .. its id), and its id by age (`at`) in the owner's index (`index`),
+# whose ids made longer ago than records live (`ttl`) go, and which lives as long as its newest;
+# then the owner's oldest past the bound `most` (by age, then id, as its list orders them, but
+# `id` the newest of its second: one just made stays), at most 100 a put (a bound lowered is
+# reached over later puts): their pointers go, then they are taken out of the index (a script cut
+# short between, sent again, finds them there still) and returned, for their records to go. On a
+# cluster an owner's share a slot (9.9).
+_OWN = (
+    _UNPOINT
+    + """
+local function own(index, at, id, ttl, pointer, first, most, written)
   for i = first, #KEYS do
     redis.call('SET', KEYS[i], pointer, 'EX', ttl)
+    redis.call('SADD', written .. id, KEYS[i])
   end
+  redis.call('EXPIRE', written .. id, ttl)
   redis.call('ZADD', index, at, id)
   redis.call('ZREMRANGEBYSCORE', index, '-inf', '(' .. (tonumber(at) - tonumber(ttl)))
   redis.call('EXPIRE', index, ttl)
@@ -121,17 +141,19 @@ local function own(index, at, id, ttl, pointer, first, most)
     local staying, its_age = oldest[#oldest - 1], oldest[#oldest]
     for i = 1, #oldest - 2, 2 do
       past[#past + 1] = (oldest[i] == id and oldest[i + 1] == its_age) and staying or oldest[i]
+      unpoint(written .. past[#past], past[#past])
     end
     redis.call('ZREM', index, unpack(past))
   end
   return past
 end
 """
+)
 # A record (KEYS[2], ARGV[2], its time to live ARGV[3]): what makes a response visible, unless
 # it was dropped a moment ago (KEYS[3], `_DROP`). On a cluster it is written last, alone (design.md
 # 9.9); on one server this step adds it to its owner's too (`own`: the owner's index KEYS[4], the
 # items' pointers KEYS[5...]; its id ARGV[4], by age ARGV[5], the pointer ARGV[6], the bound
-# ARGV[7]), and answers the ids past the bound.
+# ARGV[7], the sets of pointers ARGV[8]), and answers the ids past the bound.
 _PUT = (
     _FENCE
     + _OWN
@@ -141,7 +163,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
 end
 redis.call('SET', KEYS[2], ARGV[2], 'EX', ARGV[3])
 if #KEYS > 3 then
-  return own(KEYS[4], ARGV[5], ARGV[4], ARGV[3], ARGV[6], 5, ARGV[7])
+  return own(KEYS[4], ARGV[5], ARGV[4], ARGV[3], ARGV[6], 5, ARGV[7], ARGV[8])
 end
 return {}
 """
@@ -156,7 +178,16 @@ redis.call('SET', KEYS[3], '1', 'PX', ARGV[1])
 """
 # On a cluster, what a response adds to its owner's (KEYS[1], KEYS[2...]) in a step of its own,
 # its arguments `_PUT`'s from the time to live on.
-_OWNED = _OWN + "return own(KEYS[1], ARGV[3], ARGV[2], ARGV[1], ARGV[4], 2, ARGV[5])"
+_OWNED = _OWN + "return own(KEYS[1], ARGV[3], ARGV[2], ARGV[1], ARGV[4], 2, ARGV[5], ARGV[6])"
+# A response deleted leaves its owner's (KEYS[1]: the index; ARGV[1]: its id; ARGV[2]: the sets of
+# pointers).
+_DISOWN = (
+    _UNPOINT
+    + """
+unpoint(ARGV[2] .. ARGV[1], ARGV[1])
+redis.call('ZREM', KEYS[1], ARGV[1])
+"""
+)
 # A chain read in one step (design.md 9.4): from the response ARGV[1] back along each record's
 # link, while each is kept, its owner is ARGV[2] and (on a cluster) its id begins with the tag
 # ARGV[4]; the records (keys ARGV[3] .. id), newest first, after the id of the link where the
@@ -332,6 +363,7 @@ class RedisBackend:
         self._append = self._redis.register_script(_APPEND)
         self._put = self._redis.register_script(_PUT)
         self._own = self._redis.register_script(_OWNED)
+        self._disown = self._redis.register_script(_DISOWN)
         self._drop = self._redis.register_script(_DROP)
         self._chain = self._redis.register_script(_CHAIN)
         self._hold = self._redis.register_script(_HOLD)
@@ -382,6 +414,10 @@ class RedisBackend:
     def _item_key(self, owner: str, id: str) -> str:
         return f"{self._prefix}item:{owner}:{self._owner_tag(owner)}{id}"
 
+    def _written(self, owner: str) -> str:
+        """Before a response's id: the set of its items' pointers, on its owner's slot."""
+        return f"{self._prefix}pointers:{owner}:{self._owner_tag(owner)}"
+
     def _owned(self, owner: str) -> str:
         return f"{self._prefix}owned:{owner}{self._owner_tag(owner)}"
 
@@ -402,6 +438,7 @@ class RedisBackend:
             stored.created_at,
             _encode_entry(_ItemEntry(stored.id)),
             self._max,
+            self._written(stored.owner),
         ]
         past: list[bytes] = []
         try:
@@ -486,13 +523,13 @@ class RedisBackend:
         return found
 
     async def delete(self, id: str, owner: str) -> bool:
-        """The owner's response and its events go; its items' pointers name a record no longer
-        kept, and expire."""
+        """The owner's response and its events go, then its items' pointers (those no later
+        response took) with its entry in its owner's index."""
         data = await self._redis.get(self._response_key(id))
         if data is None or decode_stored(data).owner != owner:
             return False
         await self._drop(keys=self._dropping(id), args=[self._gone_for])
-        await self._redis.zrem(self._owned(owner), id)
+        await self._disown(keys=[self._owned(owner)], args=[id, self._written(owner)])
         return True
 
     async def conversation(self, id: str, owner: str) -> StoredConversation | None:
