@@ -1,20 +1,29 @@
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
-STAMP := $(VENV)/.installed
+# Running needs the package alone; testing adds the test extras (mypy, selenium, the agents SDK).
+RUN_STAMP := $(VENV)/.installed
+STAMP := $(VENV)/.test-installed
 CONFIG ?= configs/proxy.yaml
 E2E_CACHE ?= .cache/e2e
 E2E_STAMP := $(VENV)/.e2e-installed
+# The wheel, installed as users install it: a new environment outside the checkout.
+DIST ?= dist
+INSTALLED ?= $(abspath $(or $(TMPDIR),/tmp))/responses-proxy-installed
 
-.PHONY: run test test-core lint e2e demo bench check-config clean
+.PHONY: run test test-core lint e2e demo bench check-config clean wheel installed smoke
 
-$(STAMP): setup.cfg pyproject.toml
+$(RUN_STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e .
+	touch $(RUN_STAMP)
+
+$(STAMP): $(RUN_STAMP)
 	$(BIN)/pip install -q -e '.[test]'
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/responses-proxy --config $(CONFIG)
 
 test: lint
@@ -23,6 +32,23 @@ test: lint
 # The sans-I/O core alone (request planning, SSE, scores, the translator): seconds.
 test-core: $(STAMP)
 	$(BIN)/python -m pytest tests/core
+
+# The wheel the Dockerfile installs, built by the same command.
+wheel: $(RUN_STAMP)
+	rm -rf $(DIST)
+	$(BIN)/pip wheel -q --no-deps --wheel-dir $(DIST) .
+
+installed: wheel
+	rm -rf $(INSTALLED)
+	$(PYTHON) -m venv $(INSTALLED)
+	$(INSTALLED)/bin/pip install -q $(DIST)/*.whl
+
+# The installed console script, run from outside the checkout: its version, every shipped config
+# checked, a start with the default config, a streamed call with scores, a clean stop; and the
+# container's conditions (an unprivileged user, read-only files, its HEALTHCHECK).
+smoke: installed $(STAMP)
+	RESPONSES_PROXY=$(INSTALLED)/bin/responses-proxy RESPONSES_PROXY_WHEEL=$(abspath $(wildcard $(DIST)/*.whl)) \
+	  $(BIN)/python -m pytest tests/installed
 
 lint: $(STAMP)
 	$(BIN)/mypy
@@ -55,4 +81,4 @@ check-config: $(STAMP)
 	$(BIN)/responses-proxy --check-config $(CONFIG)
 
 clean:
-	rm -rf $(VENV) *.egg-info
+	rm -rf $(VENV) *.egg-info $(DIST)

@@ -15,7 +15,7 @@ from .errors import ServerShuttingDown
 from .metrics import Metrics
 from .responses.sealing import Sealer, derive_key
 from .store import ResponseStore
-from .store.redis import RedisBackend
+from .store.backend import Backend
 from .store.sqlite import SQLiteBackend
 from .tracing import Tracing
 from .tracing import enabled as tracing_enabled
@@ -138,9 +138,12 @@ class Runtime:
         """Where sessions keep their replicas: in Redis when the store is (every gateway replica
         sees a spill), else in this process (design.md 11.3)."""
         backend = None if self.store is None else self.store.backend
-        if isinstance(backend, RedisBackend):
-            return backend.affinity(upstream.name, upstream.affinity_ttl)
-        return LocalAffinity(upstream.affinity_ttl)
+        if backend is None or isinstance(backend, SQLiteBackend):
+            return LocalAffinity(upstream.affinity_ttl)
+        from .store.redis import RedisBackend  # only where a Redis store is configured (design.md 2.6)
+
+        assert isinstance(backend, RedisBackend)
+        return backend.affinity(upstream.name, upstream.affinity_ttl)
 
 
 def store_system(settings: config_module.Store) -> str | None:
@@ -153,9 +156,12 @@ def open_store(settings: config_module.Store, metrics: Metrics, tracing: Tracing
     if settings.url == "none":
         return None
     path = settings.sqlite_path
+    backend: Backend
     if path is not None:
-        backend: SQLiteBackend | RedisBackend = SQLiteBackend(path, settings.ttl, settings.max_responses)
+        backend = SQLiteBackend(path, settings.ttl, settings.max_responses)
     else:
+        from .store.redis import RedisBackend  # redis-py, only where configured (design.md 2.6)
+
         backend = RedisBackend(
             settings.url,
             settings.prefix,

@@ -4,6 +4,7 @@ the fault suites, `launch` (a proxy whose app can be inspected) and `baseline` (
 from __future__ import annotations
 
 import asyncio
+import signal
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
@@ -16,7 +17,7 @@ from aiohttp import web
 
 from proxy.config import Config, single_upstream
 from tests.fake_upstream import FakeUpstream
-from tests.harness import Running, config
+from tests.harness import INSTALLED, Running, Spawned, config, config_file
 from tests.mcp_servers import hostile_server, tool_server  # noqa: F401 (fixtures)
 from tests.redis_server import Cluster, RedisServer, cluster_binary
 
@@ -30,11 +31,18 @@ async def upstream() -> AsyncIterator[FakeUpstream]:
 
 
 @pytest.fixture
-async def start_proxy() -> AsyncIterator[Callable[[Config], Awaitable[str]]]:
-    """Start the proxy app (as `responses-proxy` runs it) for a config; returns its URL."""
-    runners = []
+async def start_proxy(tmp_path: Path) -> AsyncIterator[Callable[[Config], Awaitable[str]]]:
+    """Start the proxy for a config, as `responses-proxy` runs it: the installed console script
+    where `RESPONSES_PROXY` names one (tests/harness.py), else the checkout's app in this process;
+    returns its URL."""
+    runners: list[web.AppRunner] = []
+    processes: list[Spawned] = []
 
     async def start(config: Config) -> str:
+        if INSTALLED:
+            path = config_file(config, tmp_path / f"proxy-{len(processes)}.yaml")
+            processes.append(await Spawned.start([INSTALLED], path, cwd=tmp_path))
+            return processes[-1].url
         running = await Running.start(config)
         runners.append(running.runner)
         return running.url
@@ -42,6 +50,9 @@ async def start_proxy() -> AsyncIterator[Callable[[Config], Awaitable[str]]]:
     yield start
     for runner in runners:
         await runner.cleanup()
+    for process in processes:
+        process.proc.send_signal(signal.SIGTERM)
+        assert await asyncio.wait_for(process.proc.wait(), 40) == 0, process.stderr()
 
 
 @pytest.fixture

@@ -6,17 +6,23 @@ small plain helpers."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import os
 import shutil
+import signal
 import socket
 import tempfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import aiohttp
+import msgspec
 import orjson
 import pytest
+import yaml
 from aiohttp import web
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -24,7 +30,7 @@ from proxy.appkeys import RUNTIME
 from proxy.config import Config, Store, parse, replace
 from proxy.server import create_app, serve
 from proxy.upstream.client import UpstreamClient
-from tests.client import LOGPROBS, stream, validate_response
+from tests.client import LOGPROBS, eventually, stream, validate_response
 from tests.events import Stream, check_stream
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 
@@ -90,6 +96,68 @@ class Running:
 
     def pooled(self) -> list:
         return [proto for conns in self.connector._conns.values() for proto, _ in conns]
+
+
+# -- a proxy in a process of its own ---------------------------------------------------------------
+
+# The console script of the wheel as users install it, outside the checkout (`make smoke` and
+# `.ci/run` set it): where it is set, the suites that start a proxy by its URL alone (`make e2e`)
+# start that one. Unset, they serve the checkout's app in the test process.
+INSTALLED = os.environ.get("RESPONSES_PROXY")
+START_TIMEOUT = 20.0
+
+
+@dataclass
+class Spawned:
+    """A proxy in a process of its own (and its own process group), on a loopback port, its
+    config a file it can be sent again (SIGHUP), its output in a log in its working folder."""
+
+    proc: asyncio.subprocess.Process
+    url: str
+    config: Path
+    log: Path
+
+    @classmethod
+    async def start(cls, command: Sequence[str], config: Path, *args: str, cwd: Path, **options: Any) -> Spawned:
+        """Run `command --config config --host 127.0.0.1 --port P *args` in `cwd` (where the
+        default store's file goes) and wait until /health answers."""
+        port = free_port()
+        log = cwd / f"{config.stem}.log"
+        with log.open("wb") as out:
+            proc = await asyncio.create_subprocess_exec(
+                *command, "--config", str(config), "--host", "127.0.0.1", "--port", str(port), *args,
+                cwd=cwd, stdout=out, stderr=out, start_new_session=True, **options,
+            )
+        spawned = cls(proc, f"http://127.0.0.1:{port}", config, log)
+        await eventually(spawned.healthy, START_TIMEOUT)
+        return spawned
+
+    def stderr(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def write(self, config: dict | str) -> None:
+        self.config.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
+
+    async def healthy(self) -> bool:
+        assert self.proc.returncode is None, f"the proxy exited {self.proc.returncode}:\n{self.stderr()}"
+        try:
+            async with aiohttp.ClientSession() as http, http.get(f"{self.url}/health") as response:
+                return response.status == 200
+        except aiohttp.ClientError:
+            return False
+
+    async def kill(self) -> None:
+        """SIGKILL to its group: the process and any worker it started."""
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        if self.proc.returncode is None:
+            await asyncio.wait_for(self.proc.wait(), 10)
+
+
+def config_file(config: Config, path: Path) -> Path:
+    """`config` as a file the proxy reads (JSON is YAML), every key as it is in force."""
+    path.write_bytes(orjson.dumps(msgspec.to_builtins(config)))
+    return path
 
 
 def config(url: str, timeouts: dict | None = None, **top: Any) -> Config:

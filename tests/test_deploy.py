@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from proxy import __version__
+
 ROOT = Path(__file__).resolve().parent.parent
 MANIFESTS = sorted((ROOT / "configs" / "kubernetes").glob("*.yaml"))
 DEFAULT_PORT, DEFAULT_GRACE = 8080, 30
@@ -142,6 +144,9 @@ def test_dockerfile_matches_manifests() -> None:
     for path in MANIFESTS:
         for p in proxy_pods(path):
             assert p.config_path == config_path, f"{path.name}: --config {p.config_path} != Dockerfile CMD {config_path}"
+            # The image tag the manifests run is the version the package says it is (design.md 12.2).
+            assert p.proxy["image"].rsplit(":", 1)[1] == __version__, f"{path.name}: {p.proxy['image']}"
+    assert set(re.findall(r"responses-proxy:(\S+) ", text)) == {__version__}, "the Dockerfile's docker build and run lines"
 
 
 @pytest.mark.parametrize("path", MANIFESTS, ids=lambda p: p.name)

@@ -9,7 +9,6 @@ import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -19,12 +18,11 @@ import yaml
 
 from tests.client import envelope, eventually, output_text, parse_sse
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
-from tests.harness import free_port, sample, scrape
+from tests.harness import START_TIMEOUT, Spawned, sample, scrape
 
 ROOT = Path(__file__).resolve().parent.parent
 PYTHON_M = (sys.executable, "-m", "proxy")
 CONSOLE_SCRIPT = Path(sys.executable).with_name("responses-proxy")  # what the Dockerfile runs
-START_TIMEOUT = 20.0
 GEN = Generation(steps=[Step("text", "Hi"), Step("finish", finish_reason="stop")])
 WORDS = [f"w{i} " for i in range(12)]
 SLOW = Generation(steps=[*(Step("text", w) for w in WORDS), Step("finish", finish_reason="stop")])
@@ -55,51 +53,20 @@ async def refuses(url: str) -> bool:
     return False
 
 
-@dataclass
-class Proxy:
-    proc: asyncio.subprocess.Process
-    url: str
-    config: Path
-    log: Path
-
-    def stderr(self) -> str:
-        return self.log.read_text(errors="replace")
-
-    def write(self, config: dict | str) -> None:
-        self.config.write_text(config if isinstance(config, str) else yaml.safe_dump(config))
-
-
 @pytest.fixture
 async def spawn(tmp_path: Path) -> AsyncIterator[Callable[..., Any]]:
     """Start `python -m proxy --config FILE` on a free port, wait for /health; killed at the end."""
-    started: list[asyncio.subprocess.Process] = []
+    started: list[Spawned] = []
 
-    async def start(config: dict, *args: str, command: tuple[str, ...] = PYTHON_M) -> Proxy:
-        n = len(started)
-        proxy = Proxy(None, "", tmp_path / f"proxy-{n}.yaml", tmp_path / f"proxy-{n}.log")  # type: ignore[arg-type]
-        proxy.write(config)
-        port = free_port()
-        with proxy.log.open("wb") as log:
-            proxy.proc = await asyncio.create_subprocess_exec(
-                *command, "--config", str(proxy.config), "--host", "127.0.0.1", "--port", str(port), *args,
-                cwd=tmp_path, stdout=log, stderr=log, start_new_session=True,  # the default store's file goes there
-            )
-        started.append(proxy.proc)
-        proxy.url = f"http://127.0.0.1:{port}"
-
-        async def healthy() -> bool:
-            assert proxy.proc.returncode is None, f"the proxy exited {proxy.proc.returncode}:\n{proxy.stderr()}"
-            return not await refuses(proxy.url)
-
-        await eventually(healthy, START_TIMEOUT)
-        return proxy
+    async def start(config: dict, *args: str, command: tuple[str, ...] = PYTHON_M) -> Spawned:
+        path = tmp_path / f"proxy-{len(started)}.yaml"
+        path.write_text(yaml.safe_dump(config))
+        started.append(await Spawned.start(command, path, *args, cwd=tmp_path))
+        return started[-1]
 
     yield start
-    for proc in started:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)  # its own group: the process and any worker it started
-        if proc.returncode is None:
-            await asyncio.wait_for(proc.wait(), 10)
+    for proxy in started:
+        await proxy.kill()
 
 
 UPSTREAM_KEY = "sk-upstream-5e6f"
@@ -251,7 +218,7 @@ def sockets_of(pid: int) -> set[str]:
     return found
 
 
-def worker_pids(proxy: Proxy) -> list[int]:
+def worker_pids(proxy: Spawned) -> list[int]:
     """The proxy's worker processes (not multiprocessing's resource tracker)."""
     pids = []
     for pid in children(proxy.proc.pid):
@@ -263,7 +230,7 @@ def worker_pids(proxy: Proxy) -> list[int]:
     return pids
 
 
-def each_worker_listens(proxy: Proxy) -> bool:
+def each_worker_listens(proxy: Spawned) -> bool:
     port = int(proxy.url.rsplit(":", 1)[1])
     listening, workers = listening_sockets(port), worker_pids(proxy)
     return len(workers) == 2 and len(listening) == 2 and all(sockets_of(pid) & listening for pid in workers)
