@@ -54,3 +54,30 @@ def test_the_wheel_carries_no_file_from_outside_the_package(built: Path) -> None
     with zipfile.ZipFile(wheel) as archive:
         tops = {name.split("/", 1)[0] for name in archive.namelist()}
     assert {top for top in tops if not top.endswith(".dist-info")} == {"proxy"}
+
+
+# What a sidecar that names no MCP server, no Redis store and no tracing must not pay for
+# (design.md 2.6): each is imported where its feature is configured or first used.
+FEATURES_NOT_CONFIGURED = {"mcp", "mcp_types", "starlette", "sse_starlette", "pydantic", "anyio", "uvicorn", "redis", "opentelemetry"}
+
+PLAIN_START = """
+import asyncio, sys
+from proxy.config import single_upstream
+from proxy.server import create_app, serve
+
+async def main():
+    config = single_upstream("http://127.0.0.1:9")
+    runner = await serve(create_app(config), "127.0.0.1", 0, connections=config.connections)
+    await runner.cleanup()
+
+asyncio.run(main())
+print("\\n".join(sorted({name.split(".")[0] for name in sys.modules})))
+"""
+
+
+def test_a_plain_start_imports_no_feature_it_does_not_use(tmp_path: Path) -> None:
+    """The default config's app (its SQLite store in the working folder) started and stopped."""
+    started = subprocess.run([sys.executable, "-c", PLAIN_START], cwd=tmp_path, capture_output=True, text=True, check=True)
+    imported = set(started.stdout.split())
+    assert "proxy" in imported and "aiohttp" in imported
+    assert sorted(imported & FEATURES_NOT_CONFIGURED) == []
