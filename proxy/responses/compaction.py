@@ -8,14 +8,14 @@ from typing import Any
 
 from .lifecycle import IdSource
 from .schema import (
+    TOOL_CALLS,
+    TOOL_OUTPUTS,
     Compaction,
     CompactionTrigger,
     CreateResponse,
-    CustomToolCall,
-    FunctionCall,
     InputItem,
     Message,
-    ToolOutput,
+    answered,
 )
 from .sealing import Sealer
 
@@ -92,8 +92,8 @@ def since_compaction(items: list[InputItem], sealer: Sealer | None) -> list[Inpu
             last = index
     if last is None:
         return items
-    answered = {item.call_id for item in items[last:] if isinstance(item, ToolOutput)}
+    outputs = {answered(item) for item in items[last:] if isinstance(item, TOOL_OUTPUTS)}
     before = items[:last]
     said = [item for item in before if isinstance(item, Message) and item.role != "assistant"]
-    calls = [item for item in before if isinstance(item, FunctionCall | CustomToolCall) and item.call_id in answered]
+    calls = [item for item in before if isinstance(item, TOOL_CALLS) and item.call_id in outputs]
     return [*said, items[last], *calls, *items[last + 1 :]]

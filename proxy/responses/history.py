@@ -13,7 +13,20 @@ import orjson
 from ..errors import InvalidRequest
 from .lifecycle import RUNNING, IdSource
 from .logprobs import INCLUDE_LOGPROBS
-from .schema import CreateResponse, ItemReference, parse_items, typed_item
+from .schema import (
+    ANSWERS,
+    TOOL_CALLS,
+    TOOL_OUTPUTS,
+    Compaction,
+    CreateResponse,
+    InputItem,
+    ItemReference,
+    ToolCall,
+    ToolCallOutput,
+    answered,
+    parse_items,
+    typed_item,
+)
 
 # The prefix of the id an input item gets when its client sent none, by its type.
 _ID_PREFIXES = {
@@ -34,7 +47,8 @@ def expand(
     request: CreateResponse, history: list[dict[str, Any]], referenced: dict[str, dict[str, Any]]
 ) -> CreateResponse:
     """The request with the chain's items before its own input and its references replaced
-    by the items they name; a reference the store did not have is a 400 naming it."""
+    by the items they name; a reference the store did not have is a 400 naming it, and so is an
+    output of its own input that answers no call (design.md 8.2)."""
     own_items: list[Any] = []
     for index, item in enumerate(request.items()):
         if isinstance(item, ItemReference):
@@ -46,7 +60,48 @@ def expand(
             own_items += parse_items([found])
         else:
             own_items.append(item)
-    return msgspec.structs.replace(request, input=[*parse_items(history), *own_items])
+    kept = parse_items(history)
+    check_answers(kept, own_items)
+    return msgspec.structs.replace(request, input=[*kept, *own_items])
+
+
+def check_answers(kept: list[InputItem], own: list[InputItem]) -> None:
+    """Each tool output of a request's own input answers a call before it, in the history
+    (`kept`, whose outputs are read as kept) or the input, one of the kind it answers that no
+    output answered yet; else a 400 naming it, as OpenAI answers (design.md 8.2). After a
+    compaction item, an output whose call is nowhere may answer one that the item stands for."""
+    waiting: dict[str, list[type[ToolCall]]] = {}  # by call id: a model may give two calls one id
+    done: set[str] = set()
+    compacted = False
+    for index, item in enumerate([*kept, *own]):
+        if isinstance(item, Compaction):
+            compacted = True
+        elif isinstance(item, TOOL_CALLS):
+            waiting.setdefault(item.call_id, []).append(type(item))
+        elif isinstance(item, TOOL_OUTPUTS):
+            call_id = answered(item)
+            calls = waiting.get(call_id)
+            made, twice = calls.pop(0) if calls else None, call_id in done
+            fits = made in ANSWERS[type(item)] if made else bool(call_id) and compacted and not twice
+            done.add(call_id)
+            if not fits and index >= len(kept):
+                raise _unanswered(item, made, index - len(kept), twice, own)
+
+
+def _unanswered(
+    output: ToolCallOutput, made: type[ToolCall] | None, index: int, twice: bool, own: list[InputItem]
+) -> InvalidRequest:
+    where, call_id = f"input[{index}]", answered(output)
+    if not call_id:
+        return InvalidRequest(f"Missing '{where}.call_id': the id of the call it answers.", param=f"{where}.call_id")
+    said = f"No tool call found for {str(output.__struct_config__.tag).replace('_', ' ')} with call_id {call_id}"
+    if made is not None:
+        said += f": {call_id} is a {made.__struct_config__.tag}"
+    elif twice:
+        said += ": that call is answered by an earlier output"
+    elif any(isinstance(item, TOOL_CALLS) and item.call_id == call_id for item in own[index:]):
+        said += ": an output follows its call"
+    return InvalidRequest(f"{said}.", param=where)
 
 
 def chain_items(records: list[tuple[bytes, bytes]]) -> list[dict[str, Any]]:

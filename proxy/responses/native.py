@@ -6,7 +6,7 @@ are the SDK's action; its call comes back as the native item (`shell_call`, `loc
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import orjson
@@ -36,35 +36,80 @@ class ToolChoiceApplyPatch(_Item, tag="apply_patch"):
     pass
 
 
+# The native items typed as the openai SDK types them, so that a malformed one is a 400 naming
+# its field (design.md 8.13). An apply_patch operation's fields may be left out: the model's call
+# can leave them out (off its function's schema, cut short), and its client sends it back.
+CallId = Annotated[str, msgspec.Meta(min_length=1)]
+
+
+class ShellAction(msgspec.Struct, omit_defaults=True):
+    commands: list[str]
+    timeout_ms: int | None = None
+    max_output_length: int | None = None
+
+
 class ShellCall(_Item, tag="shell_call"):
-    call_id: str
-    action: dict[str, Any] = {}
+    call_id: CallId
+    action: ShellAction
+
+
+class ShellExit(_Item, tag="exit"):
+    exit_code: int | None  # null from openai-agents, whose executor may give none
+
+
+class ShellTimeout(_Item, tag="timeout"):
+    pass
+
+
+class ShellOutput(msgspec.Struct):
+    stdout: str
+    stderr: str
+    outcome: ShellExit | ShellTimeout
 
 
 class ShellCallOutput(_Item, tag="shell_call_output"):
-    call_id: str
-    output: list[dict[str, Any]] | str = []
+    call_id: CallId
+    output: list[ShellOutput]
+
+
+class LocalShellAction(msgspec.Struct, omit_defaults=True):
+    command: list[str]
+    env: dict[str, str]
+    type: Literal["exec"] = "exec"
+    timeout_ms: int | None = None
+    working_directory: str | None = None
+    user: str | None = None
 
 
 class LocalShellCall(_Item, tag="local_shell_call"):
-    call_id: str
-    action: dict[str, Any] = {}
+    call_id: CallId
+    action: LocalShellAction
 
 
 class LocalShellCallOutput(_Item, tag="local_shell_call_output"):
-    output: str = ""
+    output: str
     call_id: str | None = None  # openai-agents names the call so; the API's type, by `id`
     id: str | None = None
 
+    @property
+    def answers(self) -> str:
+        return self.call_id or self.id or ""
+
+
+class PatchOperation(msgspec.Struct, omit_defaults=True):
+    type: Literal["create_file", "update_file", "delete_file"] | None = None
+    path: str = ""
+    diff: str | None = None  # none for delete_file
+
 
 class ApplyPatchCall(_Item, tag="apply_patch_call"):
-    call_id: str
-    operation: dict[str, Any] = {}
+    call_id: CallId
+    operation: PatchOperation
 
 
 class ApplyPatchCallOutput(_Item, tag="apply_patch_call_output"):
-    call_id: str
-    status: str = "completed"
+    call_id: CallId
+    status: Literal["completed", "failed"]
     output: str | None = None
 
 
@@ -146,13 +191,13 @@ def whole(item: dict[str, Any], arguments: str, at: dict[str, Any]) -> list[tupl
     given = parsed if isinstance(parsed, dict) else {}
     kind = item["type"]
     if kind == "apply_patch_call":
-        item["operation"] = {key: given[key] for key in ("type", "path", "diff") if key in given}
+        item["operation"] = _fitting(PatchOperation, given, {})
         return []
     if kind == "local_shell_call":
-        item["action"] = {"type": "exec", "command": [], "env": {}, **given}
+        item["action"] = _fitting(LocalShellAction, given, {"type": "exec", "command": [], "env": {}})
         return []
     commands = [command for command in given.get("commands") or [] if isinstance(command, str)]
-    item["action"] = {**given, "commands": commands}
+    item["action"] = _fitting(ShellAction, {**given, "commands": commands}, {})
     where = {"output_index": at["output_index"]}
     events = []
     for index, command in enumerate(commands):
@@ -163,30 +208,46 @@ def whole(item: dict[str, Any], arguments: str, at: dict[str, Any]) -> list[tupl
     return events
 
 
+def _fitting(shape: type[msgspec.Struct], given: dict[str, Any], base: dict[str, Any]) -> dict[str, Any]:
+    """The model's arguments as its call's action (or operation) of `shape`: `base`, and each of
+    the shape's fields where the model gave a value that fits it, so that the call is the SDK's
+    type when its client sends it back (a value off the function's schema is left out)."""
+    fitting = dict(base)
+    for key in shape.__struct_fields__:
+        if key in given:
+            try:
+                msgspec.convert({**fitting, key: given[key]}, shape)
+            except msgspec.ValidationError:
+                continue
+            fitting[key] = given[key]
+    return fitting
+
+
 def chat_call(item: ShellCall | LocalShellCall | ApplyPatchCall) -> tuple[str, str]:
     """A replayed native call as the chat function call it came from: its name and arguments."""
     if isinstance(item, ApplyPatchCall):
-        return "apply_patch", orjson.dumps(item.operation).decode()
-    if isinstance(item, LocalShellCall):
-        action = {key: value for key, value in item.action.items() if key != "type"}
+        return "apply_patch", msgspec.json.encode(item.operation).decode()
+    if isinstance(item, LocalShellCall):  # its `type`, always exec, is no argument of the function
+        action = {key: value for key, value in msgspec.to_builtins(item.action).items() if key != "type"}
         return "local_shell", orjson.dumps(action).decode()
-    return "shell", orjson.dumps(item.action).decode()
+    return "shell", msgspec.json.encode(item.action).decode()
 
 
 def chat_output(item: ShellCallOutput | LocalShellCallOutput | ApplyPatchCallOutput) -> tuple[str, str]:
     """A client's output item as the tool message that answers its call: the call's id, and
     what the model reads (a shell's output, each command's stdout, stderr and outcome)."""
     if isinstance(item, LocalShellCallOutput):
-        return item.call_id or item.id or "", item.output
+        return item.answers, item.output
     if isinstance(item, ApplyPatchCallOutput):
         return item.call_id, item.output or item.status
-    if isinstance(item.output, str):
-        return item.call_id, item.output
     return item.call_id, "\n".join(_shell_output(entry) for entry in item.output)
 
 
-def _shell_output(entry: dict[str, Any]) -> str:
-    outcome = entry.get("outcome") or {}
-    ended = "timed out" if outcome.get("type") == "timeout" else f"exit code {outcome.get('exit_code', '?')}"
-    parts = [entry.get("stdout") or "", f"stderr: {entry['stderr']}" if entry.get("stderr") else "", f"({ended})"]
+def _shell_output(entry: ShellOutput) -> str:
+    outcome = entry.outcome
+    if isinstance(outcome, ShellTimeout):
+        ended = "timed out"
+    else:
+        ended = "exited" if outcome.exit_code is None else f"exit code {outcome.exit_code}"
+    parts = [entry.stdout, f"stderr: {entry.stderr}" if entry.stderr else "", f"({ended})"]
     return "\n".join(part for part in parts if part)

@@ -338,6 +338,7 @@ class _Conversation:
         self._system: list[str] = []  # instructions and leading system messages, merged
         self._reasoning: list[str] = []  # replayed reasoning, for the next assistant turn
         self._tool_images: list[dict[str, Any]] = []  # images in tool outputs, for after them
+        self._called: set[str] = set()  # the ids of the tool calls sent so far
 
     def messages(self, request: CreateResponse) -> list[dict[str, Any]]:
         if request.instructions:
@@ -367,8 +368,7 @@ class _Conversation:
         elif isinstance(item, CustomToolCall):
             self._tool_call(item.call_id, table.chat_name(item.name, item.namespace), custom_arguments(item.input))
         elif isinstance(item, ToolOutput):
-            self._add({"role": "tool", "tool_call_id": item.call_id, "content": _part_text(item.output)}, tool=True)
-            self._tool_images += _images(item.output)
+            self._output(item.call_id, item.output)
         elif isinstance(item, Reasoning):
             text = self._reasoning_text(item)
             if text:
@@ -385,8 +385,7 @@ class _Conversation:
             kind, arguments = chat_call(item)
             self._tool_call(item.call_id, table.typed(kind) or kind, arguments)
         elif isinstance(item, NATIVE_OUTPUTS):
-            call_id, said = chat_output(item)
-            self._add({"role": "tool", "tool_call_id": call_id, "content": said}, tool=True)
+            self._output(*chat_output(item))
         elif isinstance(item, McpCall):
             self._tool_call(item.id, table.server_chat_name(item.server_label, item.name), item.arguments)
             self._add({"role": "tool", "tool_call_id": item.id, "content": mcp_tool_message(item.output, item.error)})
@@ -426,6 +425,19 @@ class _Conversation:
     def _tool_call(self, call_id: str, name: str, arguments: str) -> None:
         call = {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
         self._assistant().setdefault("tool_calls", []).append(call)
+        self._called.add(call_id)
+
+    def _output(self, call_id: str, output: str | list[ContentPart]) -> None:
+        """A tool's output: the tool message of its call, or, where its call is not in the
+        conversation (a compaction item stands for it, 8.8), a user message that names the call,
+        since chat templates need a tool message to follow its call."""
+        if call_id in self._called:
+            self._add({"role": "tool", "tool_call_id": call_id, "content": _part_text(output)}, tool=True)
+            self._tool_images += _images(output)
+            return
+        said = [InputText(text=output)] if isinstance(output, str) else output
+        head = InputText(text=f"[output of the tool call {call_id}]\n")
+        self._add({"role": "user", "content": _chat_content([head, *said])})
 
     def _assistant(self) -> dict[str, Any]:
         """The assistant message the next assistant item joins: the last one, or a new one."""

@@ -18,6 +18,7 @@ from .native import (
     ApplyPatchCall,
     ApplyPatchCallOutput,
     ApplyPatchTool,
+    CallId,
     LocalShellCall,
     LocalShellCallOutput,
     LocalShellTool,
@@ -99,7 +100,6 @@ class SummaryText(_Tagged, tag="summary_text"):
 
 ContentPart = InputText | OutputText | Refusal | InputImage
 
-CallId = Annotated[str, msgspec.Meta(min_length=1)]
 # The chat API's rule for function names, which the Responses API shares.
 FunctionName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]
 
@@ -209,6 +209,28 @@ InputItem = (
     | ApplyPatchCallOutput
     | ItemReference
 )
+
+
+ToolCall = FunctionCall | CustomToolCall | ShellCall | LocalShellCall | ApplyPatchCall
+ToolCallOutput = (
+    FunctionCallOutput | CustomToolCallOutput | ShellCallOutput | LocalShellCallOutput | ApplyPatchCallOutput
+)
+# The calls each output answers: its own kind's, and Codex's `function_call_output` answers its
+# `local_shell_call` too (design.md 8.2).
+ANSWERS: dict[type[ToolCallOutput], tuple[type[ToolCall], ...]] = {
+    FunctionCallOutput: (FunctionCall, LocalShellCall),
+    CustomToolCallOutput: (CustomToolCall,),
+    ShellCallOutput: (ShellCall,),
+    LocalShellCallOutput: (LocalShellCall,),
+    ApplyPatchCallOutput: (ApplyPatchCall,),
+}
+TOOL_CALLS = (FunctionCall, CustomToolCall, ShellCall, LocalShellCall, ApplyPatchCall)
+TOOL_OUTPUTS = tuple(ANSWERS)
+
+
+def answered(output: ToolCallOutput) -> str:
+    """The id of the call an output answers."""
+    return output.answers if isinstance(output, LocalShellCallOutput) else output.call_id
 
 
 class FunctionTool(_Tagged, tag="function"):
@@ -508,7 +530,8 @@ def _validation_error(text: str, field: str = "") -> InvalidRequest:
     """msgspec's refusal as a 400 naming the path it gives, under `field` where the value
     validated was that field's (a list of items)."""
     message, _, where = text.partition(" - at `$")
-    path = field + where.rstrip("`").removeprefix(".")
+    # msgspec writes a mapping's value as `[...]`: the param names the mapping.
+    path = field + where.rstrip("`").removeprefix(".").replace("[...]", "")
     missing = _MISSING_FIELD.search(message)
     if missing:
         path = f"{path}.{missing['field']}" if path else missing["field"]

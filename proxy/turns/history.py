@@ -46,7 +46,7 @@ async def read_history(
     if parsed.conversation_id is not None:
         return await _conversation_history(store, owner, parsed, parsed.conversation_id, wanted)
     if previous_id is None and not wanted:
-        return History(parsed, {})
+        return History(history.expand(parsed, [], {}), {})
     kept = kept or {}
     if store is None and (wanted or previous_id not in kept):
         param = "previous_response_id" if previous_id else "input"
