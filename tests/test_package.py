@@ -5,6 +5,7 @@ package data leaves out fails here, where an editable install would import it an
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 import tarfile
@@ -12,6 +13,8 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
+from proxy import __version__
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -81,3 +84,11 @@ def test_a_plain_start_imports_no_feature_it_does_not_use(tmp_path: Path) -> Non
     imported = set(started.stdout.split())
     assert "proxy" in imported and "aiohttp" in imported
     assert sorted(imported & FEATURES_NOT_CONFIGURED) == []
+
+
+def test_the_changelog_says_what_this_version_changed() -> None:
+    """design.md 12.2: an operator reads what the version they run changed; its section is the
+    newest, and every version is named once."""
+    versions = re.findall(r"^## (\S+)", (ROOT / "CHANGELOG.md").read_text(), re.M)
+    assert versions[:1] == [__version__]
+    assert len(versions) == len(set(versions))
