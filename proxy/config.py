@@ -311,7 +311,8 @@ class Mcp(_Section, frozen=True):
     servers: list[McpServer] = []
     timeout: Seconds = 30.0  # one MCP request: a listing, or a call
     max_output_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 1024 * 1024  # of one answer
-    max_tool_calls: Annotated[int, msgspec.Meta(ge=1)] = 16  # per Response, where it sets none
+    # MCP calls per Response at most: a request's `max_tool_calls` may lower it, never raise it.
+    max_tool_calls: Annotated[int, msgspec.Meta(ge=1)] = 16
     max_calls_per_key: Annotated[int, msgspec.Meta(ge=1)] = 8  # in flight, per process
     web_search: HostedTool | None = None
     file_search: HostedTool | None = None

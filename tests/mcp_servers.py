@@ -3,7 +3,8 @@
 `ToolServer` is the SDK's own server (MCPServer under uvicorn) with a small tool set, serving
 streamable HTTP at /mcp and the older SSE transport at /sse; it records what it received.
 `HostileServer` speaks just enough streamable HTTP for the SDK client to connect and list,
-then misbehaves on one method (slow, huge, invalid, garbage, disconnect, redirect, error_status).
+then misbehaves on one method (slow, huge, invalid, garbage, disconnect, redirect, error_status,
+duplicates: its one tool listed `copies` times).
 """
 
 from __future__ import annotations
@@ -188,12 +189,21 @@ class ToolServer(_Loopback):
         self._task = None
 
 
-HostileMode = Literal["slow", "huge", "huge_chunked", "invalid", "garbage", "disconnect", "redirect", "error_status"]
+HostileMode = Literal[
+    "slow", "huge", "huge_chunked", "invalid", "garbage", "disconnect", "redirect", "error_status", "duplicates"
+]
 
 HANDSHAKE_VERSION = "2025-11-25"
 METHOD_NOT_FOUND = -32601
 HUGE_BYTES = 50 * 1024 * 1024
 _CHUNK = b"x" * (1024 * 1024)
+
+
+_WORK = {
+    "name": "work",
+    "description": "Do work.",
+    "inputSchema": {"type": "object", "properties": {"input": {"type": "string"}}},
+}
 
 
 def _result(id: Any, result: dict[str, Any]) -> web.Response:
@@ -215,11 +225,13 @@ class HostileServer(_Loopback):
         on: str = "tools/call",
         delay: float = 30.0,
         redirect_to: str = "http://169.254.169.254/latest/meta-data",
+        copies: int = 2,
     ) -> None:
         self.mode = mode
         self.on = on
         self.delay = delay
         self.redirect_to = redirect_to
+        self.copies = copies
         self.requests: list[str] = []  # JSON-RPC methods received, in order
         self._runner: web.AppRunner | None = None
 
@@ -261,8 +273,7 @@ class HostileServer(_Loopback):
                 },
             )
         if method == "tools/list":
-            schema = {"type": "object", "properties": {"input": {"type": "string"}}}
-            return _result(id, {"tools": [{"name": "work", "description": "Do work.", "inputSchema": schema}]})
+            return _result(id, {"tools": [_WORK]})
         if method == "tools/call":
             return _result(id, {"content": [{"type": "text", "text": "worked"}], "isError": False})
         # server/discover among them: refusing it sends the SDK client on to initialize.
@@ -287,6 +298,8 @@ class HostileServer(_Loopback):
             return web.Response(status=307, headers={"Location": self.redirect_to})
         if self.mode == "error_status":
             return web.Response(status=500, text="internal error")
+        if self.mode == "duplicates":
+            return _result(id, {"tools": [_WORK] * self.copies})
         resp = web.StreamResponse()
         resp.content_type = "application/json"
         if self.mode in ("huge", "huge_chunked"):

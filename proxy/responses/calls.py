@@ -54,14 +54,15 @@ class ToolCall:
         return {"id": new_id("fc"), "type": "function_call", "status": "in_progress", **fields, "arguments": ""}
 
     def run(self) -> dict[str, Any]:
-        """What the proxy runs of a call of a tool it runs: its item's id, and the MCP server's
-        tool and arguments (design.md 14.4, 14.8)."""
+        """What the proxy runs of a call of a tool it runs: its item's id and type, and the MCP
+        server's tool and arguments (design.md 14.4, 14.8)."""
         assert self.item is not None and self.ref.server is not None
         arguments = "".join(self.arguments)
         if self.ref.builtin is not None:
             arguments = orjson.dumps({"query": query_of(arguments)}).decode()
         return {
             "id": self.item.item["id"],
+            "type": self.item.item["type"],
             "server_label": self.ref.server,
             "name": self.ref.name,
             "arguments": arguments,

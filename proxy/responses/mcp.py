@@ -16,12 +16,34 @@ class _Item(msgspec.Struct, tag_field="type"):
     """Tagged as the request's other items and tools are (schema.py's `_Tagged`)."""
 
 
+class ListedTool(msgspec.Struct, omit_defaults=True):
+    """A tool as a listing shows it (the SDK's `McpListToolsTool`): offered to the model as a
+    function of that name, those parameters (design.md 14.3)."""
+
+    name: str
+    input_schema: dict[str, Any] | None = None
+    description: str | None = None
+    annotations: dict[str, Any] | None = None
+
+
 class McpListTools(_Item, tag="mcp_list_tools"):
     """An MCP server's tools as a response listed them: used instead of listing again (14.3)."""
 
     server_label: str
-    tools: list[dict[str, Any]] = []
+    tools: list[ListedTool] = []
     error: str | None = None
+    id: str | None = None  # one the proxy made: `LISTING` and a voucher for its tools
+
+
+# How the id of a listing the proxy made begins; the rest vouches for it (`listing_statement`).
+LISTING = "mcpl_"
+
+
+def listing_statement(url: str, tools: list[dict[str, Any]]) -> bytes:
+    """What the id of a listing the proxy made vouches for: that the server at `url` listed these
+    tools to the proxy, as a listing shows them (design.md 14.3)."""
+    shown = [{key: value for key, value in entry.items() if value is not None} for entry in tools]
+    return orjson.dumps([url, shown], option=orjson.OPT_SORT_KEYS)
 
 
 class McpCall(_Item, tag="mcp_call"):
@@ -139,13 +161,17 @@ def query_of(arguments: str) -> str:
 
 
 def offered(tool: McpTool, listed: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The server's tools that the request's `allowed_tools` lets the model call."""
+    """The server's tools that the request's `allowed_tools` lets the model call, each name
+    once: a listing that names a tool again is read as its first entry (design.md 14.3)."""
+    first: dict[str, dict[str, Any]] = {}
+    for entry in listed:
+        first.setdefault(entry["name"], entry)
     allowed = tool.allowed_tools
     if allowed is None:
-        return listed
+        return list(first.values())
     if isinstance(allowed, list):
-        return [entry for entry in listed if entry["name"] in allowed]
-    return [entry for entry in listed if _matches(allowed, entry)]
+        return [entry for name, entry in first.items() if name in allowed]
+    return [entry for entry in first.values() if _matches(allowed, entry)]
 
 
 def needs_approval(tool: McpTool, listed: dict[str, Any]) -> bool:

@@ -331,7 +331,7 @@ class _Conversation:
         self, table: ToolTable, settings: TranslationSettings, ignored: list[str], answers: Mapping[str, str]
     ) -> None:
         self._table = table
-        self._answers = answers  # the approvals this request gives, by approval request (14.5)
+        self._answers = dict(answers)  # the approvals this request gives, by approval request (14.5)
         self._settings = settings
         self._ignored = ignored
         self._messages: list[dict[str, Any]] = []
@@ -392,7 +392,7 @@ class _Conversation:
         elif isinstance(item, McpApprovalRequest) and item.id in self._answers:
             self._tool_call(item.id, table.server_chat_name(item.server_label, item.name), item.arguments)
         elif isinstance(item, McpApprovalResponse) and item.approval_request_id in self._answers:
-            answer = self._answers[item.approval_request_id]
+            answer = self._answers.pop(item.approval_request_id)  # an answer repeated is read once
             self._add({"role": "tool", "tool_call_id": item.approval_request_id, "content": answer}, tool=True)
         elif isinstance(item, DroppedItem):
             self._ignored.append(f"input:{item.kind}")

@@ -3,7 +3,9 @@
 A client that sends `store: false` and `include: ["reasoning.encrypted_content"]` replays the
 model's reasoning on its next turn as an opaque blob. The blob is the reasoning text under
 AES-GCM with a key only the proxy holds, so a client can carry it but not read or forge it.
-A blob that does not open (another server's, a tampered one, an old key's) opens to None.
+A blob that does not open (another server's, a tampered one, an old key's) opens to None. The
+same key vouches for what the proxy says that a client carries back (an MCP server's listing,
+design.md 14.3).
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 _PREFIX = "rp1."  # the format's version: a later format can tell its own blobs apart
 _ASSOCIATED = b"responses-proxy reasoning v1"
+# A voucher's associated data begins with it, a seal's is _ASSOCIATED: neither passes for the other.
+_VOUCHED = b"responses-proxy vouched v1\0"
 _NONCE = 12
 
 
@@ -42,6 +46,21 @@ class Sealer:
     def sealed(blob: str) -> bool:
         """Whether the blob is in this proxy's format (whatever key sealed it)."""
         return blob.startswith(_PREFIX)
+
+    def vouch(self, statement: bytes) -> str:
+        """A voucher only this key makes for a statement of the proxy's (an MCP server's listing,
+        design.md 14.3), which a client can carry but not forge: AES-GCM over nothing, the
+        statement its associated data, under a fresh nonce (a GMAC); hex, for an item's id."""
+        nonce = os.urandom(_NONCE)
+        return (nonce + self._aead.encrypt(nonce, b"", _VOUCHED + statement)).hex()
+
+    def vouches(self, statement: bytes, voucher: str) -> bool:
+        try:
+            raw = bytes.fromhex(voucher)
+            self._aead.decrypt(raw[:_NONCE], raw[_NONCE:], _VOUCHED + statement)
+        except (ValueError, InvalidTag):  # ValueError: not hex, too short
+            return False
+        return True
 
     def open(self, blob: str) -> str | None:
         if not self.sealed(blob):

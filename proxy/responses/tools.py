@@ -91,6 +91,8 @@ class ToolTable:
         self._chat_names: dict[tuple[str | None, str], str] = {}
         self.functions: list[dict[str, Any]] = []
         for namespace, tool, context in members:
+            if (namespace, tool.name) in self._chat_names:  # named again: the first is the tool
+                continue
             chat_name = tool.name if namespace is None else _namespaced_name(namespace, tool.name, taken)
             taken.add(chat_name)
             custom = isinstance(tool, CustomTool)

@@ -20,7 +20,7 @@ from ..responses.mcp import tool_message
 from ..responses.translate import ResponseTranslator
 from ..upstream.client import Exchange
 from .compaction import summarised
-from .tools import run_calls, tool_call_cap
+from .tools import tool_call_cap
 from .turn import Turn
 
 log = logging.getLogger("proxy")
@@ -85,8 +85,7 @@ class _Rounds:
         turn, calls = self._turn, translator.calls_to_run()
         runnable = calls[: max(self._cap - self._ran, 0)]
         self._ran += len(runnable)
-        mcp, owner = turn.runtime.mcp, turn.caller.owner
-        outcomes = await run_calls(mcp, owner, turn.servers, runnable, self._parallel)
+        outcomes = await turn.servers.run(runnable, self._parallel)
         said = translator.round_message()
         await sink.write(translator.ran(outcomes))
         left = translator.tokens_left()

@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Iterable, Mapping
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -26,10 +26,9 @@ from ..runtime import Runtime
 from ..store import StoredResponse
 from ..upstream.affinity import Session
 from ..upstream.client import Exchange, UpstreamClient
-from ..upstream.mcp import Endpoint
 from .conversations import Held, hold
 from .history import History, read_history, stored_form
-from .tools import prepare
+from .tools import ServerCalls, prepare
 
 log = logging.getLogger("proxy")
 
@@ -110,8 +109,8 @@ class Turn:
     keep: Keep  # before the terminal event leaves (design.md 9.2)
     # How the response is kept anywhere (the store, a connection, a conversation); None: nowhere.
     kept_as: AsStored | None
+    servers: ServerCalls  # its MCP servers, as its calls reach them (14)
     conversation: Held | None = None  # the conversation it writes to, held until it ends (9.7)
-    servers: Mapping[str, Endpoint] = field(default_factory=dict)  # its MCP servers, by label (14)
 
     @property
     def stored_as(self) -> AsStored | None:
@@ -212,7 +211,7 @@ async def plan_turn(
     try:
         past = await read_history(store, caller.owner, parsed, kept)
         stored = store is not None and parsed.store is not False
-        servers, endpoints = await prepare(runtime.mcp, caller.owner, past.request, runs=runs and writes)
+        servers, calls = await prepare(runtime.mcp, runtime.sealer, caller.owner, past.request, runs=runs and writes)
         settings = translation_settings(target, runtime.sealer)
         call = plan_call(past.request, settings, stored=stored, servers=servers)
         _note_ignored(runtime, [*(f"field:{name}" for name in fields), *call.ignored])
@@ -237,7 +236,7 @@ async def plan_turn(
                 keep_here(msgspec.structs.replace(kept_form, input_items=whole, previous=None))
             await turn.add_to_conversation(response)
 
-        turn = Turn(runtime, caller, past, call, target, client, session, keep, as_stored, held, endpoints)
+        turn = Turn(runtime, caller, past, call, target, client, session, keep, as_stored, calls, held)
         return turn
     except BaseException:
         if held is not None:
