@@ -7,7 +7,7 @@ import os
 import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
-from urllib.parse import unquote
+from urllib.parse import unquote, urlsplit
 
 import msgspec
 import yaml
@@ -478,6 +478,16 @@ def _check(config: Config) -> None:
 
 
 def _check_mcp(mcp: Mcp) -> None:
+    for i, entry in enumerate(mcp.allowed_servers):
+        # Read as each request's `server_url` is matched against it (design.md 14.1): an entry that
+        # does not parse would fail every request that names an MCP server.
+        try:
+            parts = urlsplit(entry)
+            port = parts.port if not parts.netloc.endswith(":*") else None
+        except ValueError as exc:
+            raise ConfigError(f"mcp.allowed_servers[{i}]: not a URL: {entry!r} ({exc})") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
+            raise ConfigError(f"mcp.allowed_servers[{i}]: not an http(s) URL with a host: {entry!r}")
     labels = [server.server_label for server in mcp.servers]
     for i, server in enumerate(mcp.servers):
         if labels.index(server.server_label) != i:

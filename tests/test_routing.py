@@ -143,8 +143,14 @@ def test_check_config_prints_the_routes(tmp_path: Path) -> None:
         (f"{ONE}mcp:\n  servers: [{{server_label: a, url: nowhere}}]\n", "mcp.servers[0].url: not a URL"),
         (f"{ONE}mcp:\n  web_search: {{server: gone, tool: search}}\n", "mcp.web_search.server: no server labelled 'gone'"),
         (f"{ONE}mcp:\n  timeout: 0\n", "mcp.timeout"),
+        (f"{ONE}mcp:\n  allowed_servers: ['http://a/*', 'http://[::1']\n", "mcp.allowed_servers[1]: not a URL"),
+        (f"{ONE}mcp:\n  allowed_servers: ['http://a:99999/mcp']\n", "mcp.allowed_servers[0]: not a URL"),
+        (f"{ONE}mcp:\n  allowed_servers: ['mcp.example.com/*']\n", "mcp.allowed_servers[0]: not an http(s) URL"),
     ],
-    ids=["url", "timeout", "yaml", "encoding", "mcp-label", "mcp-url", "mcp-hosted", "mcp-timeout"],
+    ids=[
+        "url", "timeout", "yaml", "encoding", "mcp-label", "mcp-url", "mcp-hosted", "mcp-timeout",
+        "allowed-unparsed", "allowed-port", "allowed-scheme",
+    ],
 )
 def test_check_config_refuses_a_broken_file(tmp_path: Path, text: str | bytes, where: str) -> None:
     path = tmp_path / "broken.yaml"
