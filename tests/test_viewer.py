@@ -17,6 +17,7 @@ from yarl import URL
 from proxy.config import parse
 from tests.browser import chromium, needs_chromium
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
+from tests.mcp_servers import ToolServer
 
 WORDS = ["Hello", " world", " <script>window.pwned=1</script>", ' <img src=x onerror="window.pwned=2">', "!"]
 LOGPROBS = [-0.05, -0.7, -1.6, -2.3, -0.01]
@@ -286,6 +287,105 @@ async def test_reasoning_tokens_are_painted_once_scored_in_the_reasoning(upstrea
         assert page["unscored"] == 0, where
         assert page["scored_reasoning"] == str(len(THOUGHT)), where
         assert "reasoning" in page["token_classes"]["Let"] and "answer" in page["token_classes"]["Paris"], where
+
+
+def _stored_reasoning(driver: Any, url: str, response_id: str) -> dict[str, Any]:
+    """A stored response's page: its strips' kinds, the reasoning's tokens, the answer's."""
+    driver.get(f"{url}/ui/responses/{response_id}")
+    _wait(driver, ".tokens .token")
+    return {
+        "kinds": _texts(driver, "#view .kind"),
+        "reasoning": _texts(driver, ".tokens.reasoning .token"),
+        "answer": _texts(driver, ".tokens.answer .token"),
+    }
+
+
+EDGES = ["<think>", " Let", " me", " think", ".\n", "</think>"]  # blanks the text "Let me think." leaves out
+
+
+@needs_chromium
+async def test_reasoning_whose_tokens_straddle_its_texts_edges_stays_out_of_the_answers_strip(
+    upstream: FakeUpstream, start_proxy, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A tokenizer's token may hold a blank the reasoning's text leaves out (" Let" where it begins
+    "Let", ".\n" where it ends "."): those tokens spell the reasoning still, and the answer's
+    strip holds the answer's tokens alone (design.md 13.1), live and stored."""
+    url = await start_proxy(viewer_config(upstream, tmp_path))
+
+    def generation() -> Generation:
+        return Generation(
+            [
+                Step("reasoning", "Let me think.", [score(t, -0.2) for t in EDGES]),
+                Step("text", "Paris", [score("\n\n", -0.05), score("Paris", -0.7)]),
+                Step("text", ".", [score(".", -0.2)]),
+                Step("finish", scores=[score(END, -0.01)], finish_reason="stop"),
+            ],
+            reasoning_tokens=len(EDGES),
+        )
+
+    upstream.script(Reply(generation()))
+    stored_id = await _store(http, url)
+    upstream.script(Reply(generation(), delay=0.03))
+
+    def drive() -> dict[str, Any]:
+        with chromium() as driver:
+            _live(driver, url, "The capital of France?")
+            live = {"reasoning": _texts(driver, "#live-output .tokens.reasoning .token"), "answer": _texts(driver, "#live-tokens .token")}
+            return {"live": live, "stored": _stored_reasoning(driver, url, stored_id)}
+
+    seen = await asyncio.to_thread(drive)
+    for where in ("live", "stored"):
+        assert seen[where]["answer"] == ANSWERED, where  # "Let me think." is not under the answer
+        assert seen[where]["reasoning"] == EDGES, where
+    assert seen["stored"]["kinds"] == ["reasoning", "answer"]
+
+
+@needs_chromium
+async def test_a_later_rounds_reasoning_is_painted_in_its_own_strip(
+    upstream: FakeUpstream, tool_server: ToolServer, start_proxy, tmp_path: Path, http: aiohttp.ClientSession
+) -> None:
+    """A Response of two rounds (an MCP call between them): the second round's reasoning comes
+    after the first round's tool-call tokens, and its scores are painted in its own reasoning,
+    not under the answer (design.md 13.1)."""
+    url = await start_proxy(viewer_config(upstream, tmp_path, mcp={"allowed_servers": [tool_server.url]}))
+    first = ["<think>", "\n", "Add", " them", ".", "\n", "</think>"]
+    call = '{"a": 2, "b": 3}'
+    upstream.script(
+        Reply(
+            Generation(
+                [
+                    Step("reasoning", "Add them.", [score(t, -0.3) for t in first]),
+                    Step("tool", call, [score(call, -0.4)], tool_id="call_1", tool_name="calc__add"),
+                    Step("finish", finish_reason="tool_calls"),
+                ]
+            )
+        ),
+        Reply(
+            Generation(
+                [
+                    Step("reasoning", "Let me think.", [score(t, -0.1) for t in THOUGHT]),
+                    Step("text", "Paris", [score("\n\n", -0.05), score("Paris", -0.7)]),
+                    Step("text", ".", [score(".", -0.2)]),
+                    Step("finish", scores=[score(END, -0.01)], finish_reason="stop"),
+                ]
+            )
+        ),
+    )
+    tools = [{"type": "mcp", "server_label": "calc", "server_url": tool_server.url, "require_approval": "never"}]
+    body = {"model": "qwen3", "input": "2 + 3, then the capital of France?", "tools": tools, "include": ["message.output_text.logprobs"]}
+    async with http.post(f"{url}/v1/responses", json=body) as made:
+        response = await made.json()
+    assert [item["type"] for item in response["output"]] == ["mcp_list_tools", "reasoning", "mcp_call", "reasoning", "message"], response
+
+    seen = await asyncio.to_thread(lambda: _run(lambda driver: _stored_reasoning(driver, url, response["id"])))
+    assert seen["reasoning"] == [*first, *THOUGHT]  # each round's reasoning, scored, in its own strip
+    assert seen["answer"] == [call, *ANSWERED]  # the call's token (no text of its own) and the answer's
+    assert seen["kinds"] == ["reasoning", "reasoning", "answer"]
+
+
+def _run(view: Any) -> Any:
+    with chromium() as driver:
+        return view(driver)
 
 
 @needs_chromium

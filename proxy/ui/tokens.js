@@ -60,6 +60,8 @@ export const percent = (p) => `${(100 * p).toFixed(p >= 0.1 ? 1 : 2)}%`;
 const SPECIAL = /^<(\|[^|\s]+\||\uff5c[^\uff5c]+\uff5c|\/?[A-Za-z_][\w.:\u2581-]*)>$/;
 const isSpecial = (token) => SPECIAL.test(token);
 const isBlank = (token) => token.trim() === "";
+const isFiller = (score) => isSpecial(score.token) || isBlank(score.token);
+const isBlankByte = (byte) => byte === 32 || byte === 9 || byte === 10 || byte === 13;
 export const bytesOf = (score) => (Array.isArray(score.bytes) ? score.bytes : Array.from(encoder.encode(score.token)));
 
 export function tokenSpan(score, index, part = "answer") {
@@ -293,9 +295,27 @@ class ReasoningBlock {
     this.kind.textContent = this.matched ? "reasoning" : "reasoning (not scored)";
   }
 
-  spells(bytes) {
-    if (!bytes.length || this.at + bytes.length > this.want.length) return false;
-    return bytes.every((byte, k) => byte === this.want[this.at + k]);
+  // How many bytes of the text, from `at`, a token's bytes spell: all of them, in order; at
+  // the text's edges, with the blanks the text leaves out (a tokenizer's " Let" where the
+  // text begins "Let", its ".\n" where it ends "."). -1 when they spell none of it.
+  spelled(bytes, at = this.at) {
+    const want = this.want;
+    const same = (from, to, offset) => bytes.slice(from, to).every((byte, k) => byte === want[offset + k]);
+    const rest = want.length - at;
+    if (!bytes.length) return -1;
+    if (bytes.length <= rest && same(0, bytes.length, at)) return bytes.length;
+    if (rest > 0 && bytes.length > rest && same(0, rest, at) && bytes.slice(rest).every(isBlankByte)) return rest;
+    const lead = bytes.findIndex((byte) => !isBlankByte(byte));
+    if (at === 0 && lead > 0 && bytes.length - lead <= want.length && same(lead, bytes.length, 0)) return bytes.length - lead;
+    return -1;
+  }
+
+  // Whether its scores begin at batch[k]: the first that is no control token or blank
+  // spells the text's start.
+  begins(batch, k) {
+    let first = k;
+    while (first < batch.length && isFiller(batch[first])) first++;
+    return first < batch.length && this.spelled(bytesOf(batch[first]), 0) >= 0;
   }
 }
 
@@ -333,27 +353,36 @@ export class Painter {
   // Which reasoning block a score belongs to, and how many bytes of its text it spells:
   // the scores that spell a block's text, in order, go to it, with the control tokens and
   // blanks around them that the text leaves out (<think>, a newline, </think>); the first
-  // that does not fit closes the block. When no block is open, it is the answer's.
+  // that does not fit closes the block. A block not begun waits for the score that begins
+  // it: the scores before it (an earlier round's text or tool call) are the answer's, and a
+  // block that none begins (its reasoning unscored) lets a later one begin.
   route(batch, k) {
     const score = batch[k];
     const bytes = bytesOf(score);
-    const filler = (s) => isSpecial(s.token) || isBlank(s.token);
-    while (this.cursor < this.blocks.length) {
-      const block = this.blocks[this.cursor];
-      if (block.at < block.want.length) {
-        if (block.spells(bytes)) return [block, bytes.length];
-        if (filler(score)) {
-          const next = batch.slice(k + 1).find((s) => !filler(s));
-          if (next && block.spells(bytesOf(next))) return [block, 0];
+    const open = this.blocks[this.cursor];
+    if (open && open.at > 0) {
+      const spelled = open.spelled(bytes);
+      if (spelled >= 0) return [open, spelled];
+      if (isFiller(score)) {
+        if (open.at < open.want.length) {
+          const next = batch.slice(k + 1).find((s) => !isFiller(s));
+          if (next && open.spelled(bytesOf(next)) >= 0) return [open, 0];
+        } else {
+          // After the text: what is left of a run of control tokens and blanks that holds
+          // a control token still (the </think> and the newlines before it).
+          let end = k;
+          while (end < batch.length && isFiller(batch[end])) end++;
+          if (batch.slice(k, end).some((s) => isSpecial(s.token))) return [open, 0];
         }
-      } else if (filler(score)) {
-        // After the text: what is left of a run of control tokens and blanks that holds
-        // a control token still (the </think> and the newlines before it).
-        let end = k;
-        while (end < batch.length && filler(batch[end])) end++;
-        if (batch.slice(k, end).some((s) => isSpecial(s.token))) return [block, 0];
       }
       this.cursor += 1;
+    }
+    for (let next = this.cursor; next < this.blocks.length; next++) {
+      const block = this.blocks[next];
+      if (block.begins(batch, k)) {
+        this.cursor = next;
+        return [block, Math.max(block.spelled(bytes), 0)];
+      }
     }
     return [null, 0];
   }
