@@ -327,3 +327,14 @@ async def test_a_client_that_leaves_during_the_summary_leaves_its_answer_kept(up
             await asyncio.sleep(0.02)
     kept = await _stored(http, proxy, id)
     assert kept["status"] == "completed" and [item["type"] for item in kept["output"]] == ["message"]
+
+
+async def test_a_compaction_trigger_turn_in_the_background_is_a_400(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    """design.md 8.8: a `compaction_trigger` turn is answered at once, never queued; nothing is
+    asked of the upstream (the trigger was dropped, the user's message asked instead)."""
+    upstream.script(Reply(SUMMARISED), Reply(HI))
+    body = {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "background": True}
+    async with http.post(f"{proxy}/v1/responses", json=body) as answer:
+        assert answer.status == 400, await answer.text()
+        assert (await answer.json())["error"]["param"] == "background"
+    assert upstream.requests == []

@@ -31,7 +31,8 @@ async def create_response(request: web.Request) -> web.StreamResponse:
     started = time.monotonic()
     data = load_json(await read_body(request), request.app[RUNTIME].config.requests.max_depth)
     turn = await plan(request, data)
-    if turn.call.background:
+    # Before `background`: a trigger turn is answered at once, never queued (design.md 8.8).
+    if turn.call.background and not compaction.triggered(turn.past.request):
         translator = turn.translator()
         # The run ends the turn, its conversation's hold with it (design.md 9.7).
         calls = Calls(lambda sink: rounds.run(turn, translator, sink), turn.end)
