@@ -52,7 +52,7 @@ smoke: installed $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/mypy
-	$(BIN)/ruff check proxy tests
+	$(BIN)/ruff check proxy tests docs
 	$(BIN)/ruff format --check proxy
 
 $(E2E_STAMP): $(STAMP)

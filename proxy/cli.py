@@ -26,6 +26,11 @@ log = logging.getLogger("proxy")
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """The command line, whose help the documentation's reference page shows."""
     parser = argparse.ArgumentParser(
         prog="responses-proxy",
         description="OpenAI Responses API in front of SGLang, vLLM or any Chat Completions server.",
@@ -51,7 +56,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         choices=["debug", "info", "warning", "error"],
         help="log level (default: the config's log.level, info)",
     )
-    return parser.parse_args(argv)
+    return parser
 
 
 def load_config(args: argparse.Namespace) -> Config:

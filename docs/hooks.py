@@ -1,0 +1,195 @@
+"""MkDocs hooks: the reference pages made from the code itself at every build, so that they
+cannot drift from it: the configuration (the config's own types, each key's docstring, in the
+order of the file), the command line (its `--help`), the metrics (the registry's own help).
+tests/test_docs.py fails where a key, a flag or a metric has no description."""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import inspect
+import types
+import typing
+from collections.abc import Iterator
+from typing import Any
+
+import msgspec
+from mkdocs.structure.files import File, Files
+
+from proxy import config as config_module
+from proxy.cli import parser
+from proxy.metrics import Metrics
+
+GENERATED = {
+    "reference/configuration.md": lambda: configuration_page(),
+    "reference/cli.md": lambda: cli_page(),
+    "reference/metrics.md": lambda: metrics_page(),
+}
+
+
+def on_files(files: Files, config: Any) -> Files:
+    for path, page in GENERATED.items():
+        files.append(File.generated(config, path, content=page()))
+    return files
+
+
+# -- the command line -----------------------------------------------------------------------------
+
+
+def flags() -> list[argparse.Action]:
+    return [action for action in parser()._actions if action.option_strings]
+
+
+def cli_page() -> str:
+    rows = [
+        f"| `{', '.join(action.option_strings)}` | {(action.help or '').replace('%(prog)s', 'responses-proxy')} |"
+        for action in flags()
+    ]
+    return "\n".join(
+        [
+            "# Command line",
+            "",
+            "Generated from `responses-proxy --help` at every build.",
+            "",
+            "```text",
+            parser().format_help().rstrip(),
+            "```",
+            "",
+            "| flag | what it does |",
+            "|---|---|",
+            *rows,
+            "",
+        ]
+    )
+
+
+# -- metrics --------------------------------------------------------------------------------------
+
+
+def metrics() -> list[tuple[str, str, str, list[str]]]:
+    """Every metric of the registry: name, type, help, labels."""
+    registry = Metrics().registry
+    found = []
+    for collector in registry._collector_to_names:  # prometheus_client keeps no public list
+        name = collector._name  # type: ignore[attr-defined]
+        kind = collector._type  # type: ignore[attr-defined]
+        suffix = "_total" if kind == "counter" else ""
+        found.append((name + suffix, kind, collector._documentation, list(collector._labelnames)))  # type: ignore[attr-defined]
+    return sorted(found)
+
+
+def metrics_page() -> str:
+    rows = [
+        f"| `{name}` | {kind} | {', '.join(f'`{label}`' for label in labels) or 'none'} | {help} |"
+        for name, kind, help, labels in metrics()
+    ]
+    return "\n".join(
+        [
+            "# Metrics",
+            "",
+            "`GET /metrics` in Prometheus' text format; generated from the proxy's registry at every build.",
+            "A histogram's series are `_bucket`, `_sum` and `_count`.",
+            "",
+            "| metric | type | labels | what it counts |",
+            "|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+
+
+# -- configuration --------------------------------------------------------------------------------
+
+
+def docstrings(cls: type) -> dict[str, str]:
+    """A Struct's fields' docstrings: the string that stands under a field in its class body."""
+    body = ast.parse(inspect.getsource(cls)).body[0]
+    assert isinstance(body, ast.ClassDef)
+    found = {}
+    for field, after in zip(body.body, body.body[1:], strict=False):
+        if (
+            isinstance(field, ast.AnnAssign)
+            and isinstance(field.target, ast.Name)
+            and isinstance(after, ast.Expr)
+            and isinstance(after.value, ast.Constant)
+            and isinstance(after.value.value, str)
+        ):
+            found[field.target.id] = inspect.cleandoc(after.value.value)
+    return found
+
+
+def sections(cls: type, prefix: str = "") -> Iterator[tuple[str, type, msgspec.structs.FieldInfo, str | None]]:
+    """Every key under `cls`, depth first, in the order of the file: (its path, the Struct that
+    holds it, the field, its docstring)."""
+    described = docstrings(cls)
+    for field in msgspec.structs.fields(cls):
+        path = f"{prefix}{field.encode_name}"
+        yield path, cls, field, described.get(field.name)
+        nested = _struct_of(field.type)
+        if nested is not None:
+            yield from sections(nested, f"{path}[]." if _is_list(field.type) else f"{path}.")
+
+
+def _struct_of(annotation: Any) -> type | None:
+    for candidate in _parts(annotation):
+        if isinstance(candidate, type) and issubclass(candidate, msgspec.Struct):
+            return candidate
+    return None
+
+
+def _parts(annotation: Any) -> Iterator[Any]:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        yield from _parts(typing.get_args(annotation)[0])
+    elif origin in (list, typing.Union, types.UnionType):
+        for arg in typing.get_args(annotation):
+            yield from _parts(arg)
+    else:
+        yield annotation
+
+
+def _is_list(annotation: Any) -> bool:
+    return any(typing.get_origin(part) is list for part in [annotation, *typing.get_args(annotation)])
+
+
+def _type_name(annotation: Any) -> str:
+    origin = typing.get_origin(annotation)
+    if origin is typing.Annotated:
+        return _type_name(typing.get_args(annotation)[0])
+    if origin is typing.Literal:
+        return " \\| ".join(f"`{value}`" for value in typing.get_args(annotation))
+    if origin in (typing.Union, types.UnionType):
+        return " \\| ".join(_type_name(arg) for arg in typing.get_args(annotation))
+    if origin is list:
+        return f"list of {_type_name(typing.get_args(annotation)[0])}"
+    if origin is dict:
+        return "map"
+    if annotation is type(None):
+        return "null"
+    if isinstance(annotation, type) and issubclass(annotation, msgspec.Struct):
+        return "section"
+    return getattr(annotation, "__name__", str(annotation))
+
+
+def _default(field: msgspec.structs.FieldInfo) -> str:
+    if field.required:
+        return "required"
+    value = field.default if field.default is not msgspec.NODEFAULT else field.default_factory()
+    if isinstance(value, msgspec.Struct):
+        return "(its keys' defaults)"
+    return f"`{msgspec.json.encode(value).decode()}`"
+
+
+def configuration_page() -> str:
+    lines = [
+        "# Configuration",
+        "",
+        "Every key of the config file (`responses-proxy --config FILE`; check one with",
+        "`--check-config FILE`), generated from the config's own types at every build, in the order of",
+        "`proxy/config.py`. A key left out takes its default; an unknown key is an error that names it.",
+        "`configs/proxy.example.yaml` shows them in use.",
+        "",
+    ]
+    for path, _, field, doc in sections(config_module.Config):
+        lines += [f"### `{path}`", "", f"{_type_name(field.type)}, default {_default(field)}", "", doc or "", ""]
+    return "\n".join(lines)
