@@ -4,11 +4,17 @@ is."""
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import re
+import sys
+from asyncio.subprocess import PIPE
 from pathlib import Path
 from types import ModuleType
 
 import pytest
+
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step, score
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -36,3 +42,41 @@ def test_every_metric_says_what_it_counts(hooks: ModuleType) -> None:
     assert [name for name, _, help, _ in metrics if len(help.strip()) < 10] == []
     page = hooks.metrics_page()
     assert all(f"`{name}`" in page for name, *_ in metrics)
+
+
+# A code block of the guides marked `<!-- runnable -->` runs here against the proxy and the fake
+# upstream, its `http://localhost:8080` the proxy's address: a quick start that stops working fails.
+RUNNABLE = re.compile(r"<!-- runnable -->\n```(sh|python)\n(.*?)\n```", re.S)
+RUNNERS = {"sh": ["bash", "-euo", "pipefail", "-c"], "python": [sys.executable, "-c"]}
+ANSWER = Generation(
+    [
+        Step("reasoning", "Greet", [score("Greet")]),
+        Step("text", "Hello", [score("Hello", -0.1, top=3)]),
+        Step("text", " there", [score(" there", -0.4, top=3)]),
+        Step("finish", finish_reason="stop"),
+    ]
+)
+
+
+def runnable_examples() -> list[tuple[str, str, str]]:
+    return [
+        (f"{page.relative_to(ROOT)}#{number}", language, code)
+        for page in sorted((ROOT / "docs").rglob("*.md"))
+        for number, (language, code) in enumerate(RUNNABLE.findall(page.read_text()))
+    ]
+
+
+def test_the_quick_start_has_runnable_examples() -> None:
+    assert {language for where, language, _ in runnable_examples() if "quickstart" in where} == {"sh", "python"}
+
+
+@pytest.mark.parametrize(("where", "language", "code"), runnable_examples(), ids=lambda value: str(value)[:40])
+async def test_a_runnable_example_runs(where: str, language: str, code: str, upstream: FakeUpstream, proxy: str) -> None:
+    upstream.choose = lambda _: Reply(ANSWER)
+    run = await asyncio.create_subprocess_exec(
+        *RUNNERS[language], code.replace("http://localhost:8080", proxy), stdout=PIPE, stderr=PIPE
+    )
+    out, err = await asyncio.wait_for(run.communicate(), 60)
+    assert run.returncode == 0, f"{where}:\n{out.decode()}{err.decode()}"
+    assert "Hello" in out.decode(), f"{where} showed nothing of the answer:\n{out.decode()}"
+    assert upstream.requests, f"{where} reached no upstream"
