@@ -48,8 +48,8 @@ def compaction_item(summary: str, sealer: Sealer, new_id: IdSource) -> dict[str,
 def compacted(
     kept: list[dict[str, Any]], item: dict[str, Any], id: str, created_at: int, usage: dict[str, Any]
 ) -> dict[str, Any]:
-    """The `response.compaction` object: the user messages of the conversation (`kept`, typed),
-    then the `compaction` item."""
+    """The `response.compaction` object: the user messages and configuration updates of the
+    conversation (`kept`, typed), then the `compaction` item."""
     return {
         "id": id,
         "object": "response.compaction",

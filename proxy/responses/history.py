@@ -35,6 +35,7 @@ _ID_PREFIXES = {
     "function_call_output": "fco",
     "custom_tool_call": "ctc",
     "reasoning": "rs",
+    "configuration_update": "cu",
 }
 
 

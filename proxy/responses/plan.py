@@ -33,6 +33,7 @@ from .schema import (
     INCLUDE_ENCRYPTED_REASONING,
     AgentMessage,
     Compaction,
+    ConfigurationUpdate,
     ContentPart,
     CreateResponse,
     CustomToolCall,
@@ -130,7 +131,8 @@ def plan_call(
     stream = bool(request.stream)
     # A background run always reads the upstream as a stream: its events are what it keeps.
     streamed_upstream = stream or bool(request.background)
-    effort = _effort(request.reasoning)
+    reasoning, text = configured(request)
+    effort = _effort(reasoning)
     summary = _summary(request, settings)
     functions, tool_choice = _offered(request.tool_choice, table, settings, ignored)
     compact_at = compaction.threshold(request, settings.context_window)
@@ -153,7 +155,7 @@ def plan_call(
         parallel_tool_calls=request.parallel_tool_calls,
         tools=functions or None,
         tool_choice=tool_choice,
-        response_format=_response_format(request.text),
+        response_format=_response_format(text),
         reasoning_effort=effort,
     )
     asked = max(top_logprobs, settings.min_top_logprobs)
@@ -167,7 +169,7 @@ def plan_call(
         chat=chat,
         stream=stream,
         logprobs=logprobs,
-        echo=_echo(request, chat, tools, top_logprobs, effort, stored, summary),
+        echo=_echo(request, chat, tools, top_logprobs, text, effort, stored, summary),
         tools=table,
         summary=summary is not None,
         alternatives=top_logprobs if logprobs and asked > top_logprobs else None,
@@ -268,6 +270,23 @@ def _offered(
 def _server_choice(table: ToolTable, server: Any, name: Any) -> list[str]:
     """The chat names of an MCP server's offered tools that a tool choice names: one, or all."""
     return [chat_name for (label, tool), chat_name in table.server_tools() if label == server and name in (None, tool)]
+
+
+def configured(request: CreateResponse) -> tuple[ReasoningConfig | None, TextConfig | None]:
+    """The reasoning and text settings this turn generates with: the request's, each replaced by
+    the last `configuration_update` of its history (its chain, conversation, input) that sets it;
+    an effort of null gives the request's own back (design.md 8.2)."""
+    reasoning, text = request.reasoning, request.text
+    for item in request.items():
+        if not isinstance(item, ConfigurationUpdate):
+            continue
+        if item.reasoning is not None and item.reasoning.effort is not msgspec.UNSET:
+            own = request.reasoning.effort if request.reasoning is not None else None
+            effort = own if item.reasoning.effort is None else item.reasoning.effort
+            reasoning = msgspec.structs.replace(reasoning or ReasoningConfig(), effort=effort)
+        if item.text is not None:
+            text = msgspec.structs.replace(text or TextConfig(), format=item.text.format)
+    return reasoning, text
 
 
 def _effort(reasoning: ReasoningConfig | None) -> str | None:
@@ -497,13 +516,14 @@ def _echo(
     chat: dict[str, Any],
     tools: list[Tool],
     top_logprobs: int,
+    text_config: TextConfig | None,
     effort: str | None,
     stored: bool,
     summary: str | None,
 ) -> dict[str, Any]:
     """The request's settings as every Response object repeats them, as they were applied: the
     sampling ones as the chat request has them, the route's defaults included."""
-    text = request.text or TextConfig()
+    text = text_config or TextConfig()
     choice = request.tool_choice
     return {
         "model": request.model,

@@ -52,11 +52,6 @@ NO_CHAT_FORM = frozenset({
     "tool_search_call", "tool_search_output",
     "program", "program_output", "ghost_snapshot", "multi_agent_call", "multi_agent_call_output",
 })  # fmt: skip
-# Items that would change the answer (the tools offered, the settings) and that a chat request
-# cannot carry: refused, where dropping them would answer another question (design.md 8.2).
-UNHONOURED_ITEMS = {
-    "configuration_update": "send its `text` and `reasoning` settings with the request",
-}
 # Codex's other names of a `compaction` item: older, and its context compaction's.
 _COMPACTION_NAMES = ("compaction_summary", "context_compaction")
 # Tools the model calls and the client runs; of the others, the proxy runs `mcp` (design.md
@@ -166,6 +161,24 @@ class AdditionalTools(_Tagged, tag="additional_tools"):
     tools: list[Tool] = []
 
 
+class ConfigurationReasoning(msgspec.Struct):
+    # Left out: the effort goes on as it was; null: back to the request's own (design.md 8.2).
+    effort: str | msgspec.UnsetType | None = msgspec.UNSET
+
+
+class ConfigurationText(msgspec.Struct):
+    format: TextFormat
+
+
+class ConfigurationUpdate(_Tagged, tag="configuration_update"):
+    """Settings for the generations after it, each until a later update replaces it: the
+    reasoning effort, the text format (design.md 8.2). It adds nothing to the chat, whose
+    earlier messages stay as they were sent (the upstream's prefix cache holds)."""
+
+    reasoning: ConfigurationReasoning | None = None
+    text: ConfigurationText | None = None
+
+
 class EncryptedContent(_Tagged, tag="encrypted_content"):
     encrypted_content: str
 
@@ -196,6 +209,7 @@ InputItem = (
     | Compaction
     | CompactionTrigger
     | AdditionalTools
+    | ConfigurationUpdate
     | AgentMessage
     | McpListTools
     | McpCall
@@ -310,8 +324,11 @@ class TextFormatJsonSchema(_Tagged, tag="json_schema"):
     strict: bool | None = None
 
 
+TextFormat = TextFormatText | TextFormatJsonObject | TextFormatJsonSchema
+
+
 class TextConfig(msgspec.Struct):
-    format: TextFormatText | TextFormatJsonObject | TextFormatJsonSchema = msgspec.field(default_factory=TextFormatText)
+    format: TextFormat = msgspec.field(default_factory=TextFormatText)
     verbosity: str | None = None  # no chat equivalent: accepted, not sent
 
 
@@ -475,12 +492,6 @@ def _prepared(items: list[Any], sent_as: str | None) -> list[Any]:
         item = typed_item(item)
         kind = item.get("type") if isinstance(item, dict) else None
         where = f"{sent_as or ''}[{index}]"
-        if isinstance(kind, str) and kind in UNHONOURED_ITEMS:
-            raise InvalidRequest(
-                f"'{kind}' input items are not supported by this proxy: {UNHONOURED_ITEMS[kind]}.",
-                param=f"{where}.type",
-                code="unsupported_parameter",
-            )
         # Kept and listed as a string, an id of another type could never be stored (design.md 8.2).
         # Kept items are not checked again: a conversation may hold one from before this rule, and
         # each of its turns would be refused for an item that turn did not send.

@@ -14,7 +14,7 @@ from ..errors import InvalidRequest
 from ..responses import compaction
 from ..responses.lifecycle import completed, new_id, response_id
 from ..responses.plan import plan_call
-from ..responses.schema import Message, parse_items
+from ..responses.schema import ConfigurationUpdate, Message, parse_items
 from ..responses.translate import ResponseTranslator
 from .turn import Turn, translation_settings
 
@@ -36,9 +36,13 @@ async def compact(turn: Turn) -> dict[str, Any]:
     messages, then its summary, sealed (design.md 8.8)."""
     summary, usage = await summarised(turn)
     past = turn.past.request.items()
-    users = [_kept(item) for item in past if isinstance(item, Message) and item.role == "user"]
+    kept = [
+        _kept(item)
+        for item in past
+        if isinstance(item, ConfigurationUpdate) or (isinstance(item, Message) and item.role == "user")
+    ]
     item = compaction.compaction_item(summary, turn.runtime.sealer, new_id)
-    return compaction.compacted(users, item, new_id("resp"), int(time.time()), usage)
+    return compaction.compacted(kept, item, new_id("resp"), int(time.time()), usage)
 
 
 async def compacted_turn(turn: Turn) -> dict[str, Any]:
@@ -88,8 +92,11 @@ def _with_output(turn: Turn, output: list[dict[str, Any]]) -> list[dict[str, Any
     return messages
 
 
-def _kept(message: Message) -> dict[str, Any]:
-    """A user message as the compacted output lists it: typed, its text in parts."""
+def _kept(message: Message | ConfigurationUpdate) -> dict[str, Any]:
+    """A user message as the compacted output lists it: typed, its text in parts; a
+    configuration update as it was, its settings applying on (design.md 8.2)."""
+    if isinstance(message, ConfigurationUpdate):
+        return {"id": new_id("cu"), **msgspec.to_builtins(message)}
     content = message.content
     parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else msgspec.to_builtins(content)
     return {"id": new_id("msg"), "type": "message", "role": "user", "content": parts}

@@ -12,7 +12,7 @@ from openai.types.responses.response_input_item_param import ResponseInputItemPa
 
 from proxy.errors import InvalidRequest
 from proxy.responses.plan import Call, TranslationSettings, plan_call
-from proxy.responses.schema import NO_CHAT_FORM, UNHONOURED_ITEMS, InputItem, parse_request, unknown_fields
+from proxy.responses.schema import NO_CHAT_FORM, InputItem, parse_request, unknown_fields
 from proxy.responses.sealing import Sealer, derive_key
 from tests.agents import codex_turn, namespace, web_search
 from tests.core.test_request import CALL, CALL_ITEM, IMAGE, WEATHER, msg
@@ -417,11 +417,11 @@ def _item_types(union: Any) -> set[str]:
     "union",
     [pytest.param(ResponseInputItemParam, id="responses"), pytest.param(BetaResponseInputItemParam, id="beta")],
 )
-def test_every_input_item_type_of_the_installed_sdk_is_read_dropped_or_refused_by_name(union: Any) -> None:
+def test_every_input_item_type_of_the_installed_sdk_is_read_or_dropped_by_name(union: Any) -> None:
     """design.md 8.2: an item type the proxy does not know is a 400, so each the SDK defines is
-    one of the three on purpose; a new SDK release with a new type fails here first."""
+    read or dropped on purpose; a new SDK release with a new type fails here first."""
     known = {struct.__struct_config__.tag for struct in typing.get_args(InputItem)}
-    assert _item_types(union) - known - NO_CHAT_FORM - UNHONOURED_ITEMS.keys() == set()
+    assert _item_types(union) - known - NO_CHAT_FORM == set()
 
 
 @pytest.mark.parametrize(

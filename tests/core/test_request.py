@@ -427,10 +427,51 @@ def test_accepted_no_ops(body):
     assert chat({"input": "hi", **body}) == chat({"input": "hi"})
 
 
-def test_items_that_would_change_the_answer_are_refused_not_dropped():
-    """design.md 8.2: dropped, it would leave the model without the settings it gives."""
-    error = refusal({"input": [msg("user", "hi"), {"type": "configuration_update", "reasoning": {"effort": "high"}}]})
-    assert (error.param, error.code) == ("input[1].type", "unsupported_parameter")
+def update(effort: Any = ..., text: Any = None) -> dict[str, Any]:
+    """A `configuration_update` item: an effort (left out by default), a text format."""
+    item: dict[str, Any] = {"type": "configuration_update"}
+    if effort is not ...:
+        item["reasoning"] = {"effort": effort}
+    if text is not None:
+        item["text"] = {"format": text}
+    return item
+
+
+JSON_SCHEMA = {"type": "json_schema", "name": "answer", "schema": SCHEMA, "strict": True}
+
+
+def test_a_configuration_update_sets_what_the_generations_after_it_use():
+    """design.md 8.2: each setting of the last update that sets it applies, over the request's
+    own; the chat's messages are those sent without it, byte for byte."""
+    said = [msg("user", "hi"), msg("assistant", "Hello."), msg("user", "again")]
+    plain = chat({"input": said, "reasoning": {"effort": "low"}})
+    items = [said[0], update("high", JSON_SCHEMA), said[1], update(text={"type": "text"}), said[2]]
+    updated = chat({"input": items, "reasoning": {"effort": "low"}})
+    assert updated["messages"] == plain["messages"]
+    assert plain["reasoning_effort"] == "low" and updated["reasoning_effort"] == "high"
+    assert "response_format" not in updated  # the later update set the text format back to text
+    formatted = chat({"input": [said[0], update(text=JSON_SCHEMA), said[1], update("minimal"), said[2]]})
+    assert formatted["response_format"] == {"type": "json_schema", "json_schema": {"name": "answer", "schema": SCHEMA, "strict": True}}
+    assert formatted["reasoning_effort"] == "low"  # minimal, as chat servers take it (8.1)
+    # An effort of null gives the request's own back; an update that sets no effort keeps it.
+    assert chat({"input": [update("high"), update(None), said[0]], "reasoning": {"effort": "medium"}})["reasoning_effort"] == "medium"
+    assert "reasoning_effort" not in chat({"input": [update("high"), update(None), said[0]]})
+    assert chat({"input": [update("high"), {"type": "configuration_update", "reasoning": {}}, said[0]]})["reasoning_effort"] == "high"
+    echo = plan({"input": items, "reasoning": {"effort": "low"}}).echo
+    assert echo["reasoning"]["effort"] == "high" and echo["text"]["format"] == {"type": "text"}  # as applied
+
+
+@pytest.mark.parametrize(
+    ("item", "param"),
+    [
+        ({"type": "configuration_update", "text": {}}, "input[0].text.format"),
+        ({"type": "configuration_update", "text": {"format": {"type": "yaml"}}}, "input[0].text.format.type"),
+        ({"type": "configuration_update", "reasoning": {"effort": 3}}, "input[0].reasoning.effort"),
+        ({"type": "configuration_update", "reasoning": "high"}, "input[0].reasoning"),
+    ],
+)
+def test_a_malformed_configuration_update_is_a_400_naming_its_field(item: dict[str, Any], param: str):
+    assert refusal({"input": [item, msg("user", "hi")]}).param == param
 
 
 def test_additional_tools_join_the_requests_tools():
