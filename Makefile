@@ -11,7 +11,7 @@ E2E_STAMP := $(VENV)/.e2e-installed
 DIST ?= dist
 INSTALLED ?= $(abspath $(or $(TMPDIR),/tmp))/responses-proxy-installed
 
-.PHONY: run test test-core lint e2e demo bench check-config clean wheel installed smoke
+.PHONY: run test test-core lint e2e demo bench check-config clean wheel installed smoke screenshots
 
 $(RUN_STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,10 @@ installed: wheel
 smoke: installed $(STAMP)
 	RESPONSES_PROXY=$(INSTALLED)/bin/responses-proxy RESPONSES_PROXY_WHEEL=$(abspath $(wildcard $(DIST)/*.whl)) \
 	  $(BIN)/python -m pytest tests/installed
+
+# The documentation's pictures of the viewer, taken again by the test that checks what they show.
+screenshots: $(STAMP)
+	SCREENSHOTS=docs/images $(BIN)/python -m pytest tests/test_viewer.py -k pictures
 
 lint: $(STAMP)
 	$(BIN)/mypy

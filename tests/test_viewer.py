@@ -24,7 +24,7 @@ LOGPROBS = [-0.05, -0.7, -1.6, -2.3, -0.01]
 ANSWER = Generation(
     [Step("reasoning", "The user wants a greeting."), *(Step("text", w, [score(w, lp, top=3)]) for w, lp in zip(WORDS, LOGPROBS, strict=True)), Step("finish", finish_reason="stop")]
 )
-# Screenshots for the README, when asked for: SCREENSHOTS=docs/images make test ...
+# The documentation's pictures (`make screenshots`) are taken here, from a realistic answer.
 SHOTS = os.environ.get("SCREENSHOTS")
 
 
@@ -63,7 +63,6 @@ async def test_a_live_answer_is_painted_token_by_token_with_its_scores(upstream:
             tokens = driver.find_elements(By.CSS_SELECTOR, "#live-tokens .token")
             ActionChains(driver).move_to_element(tokens[1]).perform()
             tooltip = driver.find_element(By.ID, "alternatives")
-            _shot(driver, "viewer-live.png")
             return {
                 "texts": [token.get_attribute("textContent") for token in tokens],
                 "logprobs": [float(token.get_attribute("data-logprob")) for token in tokens],
@@ -105,7 +104,6 @@ async def test_a_stored_response_its_perplexity_and_the_list(upstream: FakeUpstr
             driver.find_element(By.CSS_SELECTOR, "#key-form button").click()
             _wait(driver, "table a")[0].click()
             _wait(driver, ".tokens .token")
-            _shot(driver, "viewer-response.png")
             return {
                 "refused": refused,
                 "path": driver.execute_script("return location.pathname"),
@@ -501,7 +499,6 @@ async def test_two_responses_picked_from_the_list_compare_token_by_token(upstrea
                 driver.find_element(By.CSS_SELECTOR, f"input.pick[data-id='{id}']").click()
             driver.find_element(By.ID, "compare").click()
             _wait(driver, "#aligned tr.diverge")
-            _shot(driver, "viewer-compare.png")
             rows = driver.find_elements(By.CSS_SELECTOR, "#aligned tr[data-index]")
             return {
                 "order": order,
@@ -602,3 +599,78 @@ async def test_the_list_keeps_the_apis_order_across_its_pages(upstream: FakeUpst
     assert len(times) < len(first_page)  # some share a second: their order is the API's alone
     assert seen["first"] == api_order[:20]
     assert seen["all"] == api_order and sorted(api_order) == sorted(made)  # both pages, in the API's order
+
+
+# A realistic answer for the documentation's pictures: a reasoning, then an answer, each token
+# with the alternatives a model weighed.
+THOUGHT = [
+    _scored("The", -0.02, ("So", -4.1)),
+    _scored(" user", -0.01, (" question", -5.2)),
+    _scored(" asks", -0.3, (" wants", -1.4), (" is", -3.0)),
+    _scored(" for", -0.05),
+    _scored(" France", -0.4, (" the", -1.2)),
+    _scored("'s", -0.02),
+    _scored(" capital", -0.01),
+    _scored(".", -0.6, (":", -1.0), (",", -2.9)),
+]
+SAID_WITH_ALTERNATIVES = [
+    _scored("The", -0.25, ("Paris", -1.6), ("France", -3.3)),
+    _scored(" capital", -0.02),
+    _scored(" of", -0.01),
+    _scored(" France", -0.03),
+    _scored(" is", -0.05, (" has", -4.0)),
+    _scored(" Paris", -0.01, (" **", -4.9), (" the", -6.2)),
+    _scored(",", -1.3, (".", -0.35), (" —", -3.4)),
+    _scored(" on", -0.9, (" which", -1.1), (" a", -2.0)),
+    _scored(" the", -0.02),
+    _scored(" Seine", -0.04),
+    _scored(".", -0.01),
+]
+REALISTIC = Generation(
+    [
+        *(Step("reasoning", entry["token"], [entry]) for entry in THOUGHT),
+        *(Step("text", entry["token"], [entry]) for entry in SAID_WITH_ALTERNATIVES),
+        Step("finish", finish_reason="stop"),
+    ]
+)
+
+
+@needs_chromium
+async def test_the_documentations_pictures(upstream: FakeUpstream, start_proxy, tmp_path: Path, http: aiohttp.ClientSession) -> None:
+    """The pictures the quick start and the viewer's guide show: a live answer with a token's
+    alternatives, and the stored response with its reasoning, plot and perplexity. Taken on
+    every run (into `SCREENSHOTS` where it is set: `make screenshots` keeps docs/images current),
+    so a picture shows what the viewer shows today."""
+    url = await start_proxy(viewer_config(upstream, tmp_path))
+    upstream.script(Reply(REALISTIC, delay=0.02))
+    shots = Path(SHOTS) if SHOTS else tmp_path / "shots"
+    shots.mkdir(parents=True, exist_ok=True)
+
+    def drive() -> dict[str, Any]:
+        from selenium.webdriver.common.action_chains import ActionChains
+        from selenium.webdriver.common.by import By
+
+        with chromium() as driver:
+            driver.get(f"{url}/ui/live")
+            _wait(driver, "#live-form textarea")[0].send_keys("What is the capital of France?")
+            driver.find_element(By.CSS_SELECTOR, "#live-form button").click()
+            _wait(driver, "#live-done")
+            answer = driver.find_elements(By.CSS_SELECTOR, "#live-tokens .token")
+            comma = next(token for token in answer if token.get_attribute("textContent") == ",")
+            ActionChains(driver).move_to_element(comma).perform()
+            tooltip = driver.find_element(By.ID, "alternatives").text
+            driver.save_screenshot(str(shots / "viewer-live.png"))
+            driver.get(f"{url}/ui/")
+            _wait(driver, "table a")[0].click()
+            _wait(driver, ".tokens .token")
+            _wait(driver, ".chart rect")
+            driver.save_screenshot(str(shots / "viewer-response.png"))
+            return {"tooltip": tooltip, "kinds": _texts(driver, "#view .kind"), "strips": _texts(driver, ".tokens")}
+
+    seen = await asyncio.to_thread(drive)
+    assert "." in seen["tooltip"] and "70.5%" in seen["tooltip"]  # exp(-0.35): the alternative the model passed over
+    assert len(seen["kinds"]) == 2, seen["kinds"]  # the reasoning's strip and the answer's
+    thought, said = ("".join(entry["token"] for entry in part) for part in (THOUGHT, SAID_WITH_ALTERNATIVES))
+    assert [strip.replace("\u2423", " ") for strip in seen["strips"]][-2:] == [thought, said]
+    for name in ("viewer-live.png", "viewer-response.png"):
+        assert (shots / name).stat().st_size > 10_000, name
