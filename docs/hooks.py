@@ -17,6 +17,7 @@ import msgspec
 from mkdocs.structure.files import File, Files
 
 from proxy import config as config_module
+from proxy import errors as errors_module
 from proxy.cli import parser
 from proxy.metrics import Metrics
 
@@ -24,6 +25,7 @@ GENERATED = {
     "reference/configuration.md": lambda: configuration_page(),
     "reference/cli.md": lambda: cli_page(),
     "reference/metrics.md": lambda: metrics_page(),
+    "reference/errors.md": lambda: errors_page(),
 }
 
 
@@ -92,6 +94,41 @@ def metrics_page() -> str:
             "",
             "| metric | type | labels | what it counts |",
             "|---|---|---|---|",
+            *rows,
+            "",
+        ]
+    )
+
+
+# -- errors ---------------------------------------------------------------------------------------
+
+
+def errors(root: type = errors_module.ProxyError, depth: int = 0) -> list[tuple[int, type]]:
+    """The error tree, depth first, in the order of the module."""
+    found = [(depth, root)]
+    for kind in root.__subclasses__():
+        found += errors(kind, depth + 1)
+    return found
+
+
+def errors_page() -> str:
+    rows = []
+    for depth, kind in errors():
+        doc = " ".join(inspect.cleandoc(kind.__doc__ or "").split())
+        name = "&nbsp;&nbsp;" * depth + f"`{kind.__name__}`"
+        rows.append(f"| {name} | {kind.status} | `{kind.type}` | `{kind.code}` | {doc} |")  # type: ignore[attr-defined]
+    return "\n".join(
+        [
+            "# Errors",
+            "",
+            "Every error is an HTTP status with the OpenAI envelope,",
+            '`{"error": {"message", "type", "param", "code"}}`, `param` naming the field at fault. Once a',
+            "stream has begun, a failure is its `response.failed` event instead, its `error.code` one of",
+            "the API's own. Generated from `proxy/errors.py` at every build: a subclass answers as its",
+            "parent unless it says otherwise.",
+            "",
+            "| error | status | type | code | when |",
+            "|---|---|---|---|---|",
             *rows,
             "",
         ]

@@ -1,31 +1,8 @@
 """The proxy's errors: one class per failure kind, each knowing its HTTP status, its OpenAI
 `type` and its `code` (design.md 5.5).
 
-    ProxyError                      500  server_error
-    ├── InvalidRequest              400  invalid_request_error     the client's request is at fault
-    │   ├── ContextLengthExceeded   400  context_length_exceeded   the prompt does not fit the model
-    │   ├── Unauthorized            401  invalid_api_key
-    │   ├── NotFound                404  not_found                 (an upstream's own 404 too)
-    │   ├── MethodNotAllowed        405  method_not_allowed
-    │   ├── RequestTimeout          408  request_timeout           its body came too slowly;
-    │   │                                                          an upstream's own 408
-    │   ├── PayloadTooLarge         413  request_too_large
-    │   ├── UnsupportedMediaType    415  unsupported_media_type
-    │   ├── UnprocessableEntity     422  invalid_request_error     (an upstream's own 422)
-    │   ├── McpUnavailable          424  http_error                an MCP server could not list its
-    │   │                                                          tools (external_connector_error)
-    │   ├── UpgradeRequired         426  upgrade_required          the WebSocket transport is off
-    │   └── TooManyRequests         429  rate_limit_exceeded       too many background runs;
-    │                                                              an upstream's own 429
-    ├── StoreUnavailable            503  store_unavailable         the response store failed a read
-    ├── ServerShuttingDown          503  server_shutting_down      draining after SIGTERM: retry elsewhere
-    ├── UpstreamBusy                503  upstream_busy             every pooled connection is in use
-    └── UpstreamError               502  server_error              the upstream failed us
-        ├── UpstreamUnreachable     502  upstream_unreachable      the connection broke
-        │   └── UpstreamNotReached  502  upstream_unreachable      ...before the request left:
-        │                                                          safe to try another replica
-        ├── UpstreamProtocolError   502  upstream_protocol_error   an answer we cannot read
-        └── UpstreamTimeout         504  upstream_timeout
+Every class, with its status, `type` and `code`, is listed in the documentation's errors reference,
+generated from this module (docs/hooks.py).
 
 Raised anywhere (request parsing, routing, the upstream client, the translator) and rendered
 in one place: the server's error middleware for plain answers, the translator once a stream
@@ -52,6 +29,9 @@ CLIENT_LEFT = (ClientLeft, ConnectionResetError)
 
 
 class ProxyError(Exception):
+    """A failure the proxy did not foresee, answered in the envelope with the request id that
+    finds it in the log (design.md 5.9)."""
+
     status = 500
     type = "server_error"
     code: str | None = "server_error"
@@ -93,6 +73,8 @@ class ProxyError(Exception):
 
 
 class InvalidRequest(ProxyError):
+    """The client's request is at fault: the message and `param` name what to change."""
+
     status = 400
     type = "invalid_request_error"
     code = "invalid_request_error"
@@ -112,31 +94,43 @@ class ContextLengthExceeded(InvalidRequest):
 
 
 class Unauthorized(InvalidRequest):
+    """No API key, or one this proxy does not know (`auth.api_keys`)."""
+
     status = 401
     code = "invalid_api_key"
 
 
 class NotFound(InvalidRequest):
+    """An unknown model, endpoint, stored response, conversation or item; an upstream's own 404 too."""
+
     status = 404
     code = "not_found"
 
 
 class MethodNotAllowed(InvalidRequest):
+    """A method the endpoint does not take; the `Allow` header names those it does."""
+
     status = 405
     code = "method_not_allowed"
 
 
 class RequestTimeout(InvalidRequest):
+    """The request's body came too slowly (design.md 5.8); an upstream's own 408 too."""
+
     status = 408
     code = "request_timeout"
 
 
 class PayloadTooLarge(InvalidRequest):
+    """A body past `max_body_bytes` (or decompressed past it), a file past its limit."""
+
     status = 413
     code = "request_too_large"
 
 
 class UnsupportedMediaType(InvalidRequest):
+    """A body that is not JSON, or in an encoding the proxy does not read (design.md 5.8)."""
+
     status = 415
     code = "unsupported_media_type"
 
@@ -149,6 +143,8 @@ class Conflict(InvalidRequest):
 
 
 class UnprocessableEntity(InvalidRequest):
+    """An upstream's own 422, its status kept."""
+
     status = 422
 
 
@@ -169,6 +165,9 @@ class UpgradeRequired(InvalidRequest):
 
 
 class TooManyRequests(InvalidRequest):
+    """Past a limit of the key's or the process's (background runs, followers, MCP calls); an
+    upstream's own 429."""
+
     status = 429
     code = "rate_limit_exceeded"
 
@@ -182,11 +181,15 @@ class NotImplementedHere(ProxyError):
 
 
 class StoreUnavailable(ProxyError):
+    """The response store failed a read or a write within `store.timeout`: retry (design.md 9.1)."""
+
     status = 503
     code = "store_unavailable"
 
 
 class ServerShuttingDown(ProxyError):
+    """The proxy is draining after SIGTERM: retry on another replica (design.md 5.10)."""
+
     status = 503
     code = "server_shutting_down"
 
@@ -206,6 +209,8 @@ class UpstreamError(ProxyError):
 
 
 class UpstreamUnreachable(UpstreamError):
+    """The connection to the upstream broke, or could not be made."""
+
     code = "upstream_unreachable"
 
 
@@ -221,6 +226,8 @@ class UpstreamProtocolError(UpstreamError):
 
 
 class UpstreamTimeout(UpstreamError):
+    """The upstream took longer than its `timeouts` allow (first byte, idle, total)."""
+
     status = 504
     code = "upstream_timeout"
 

@@ -44,6 +44,14 @@ def test_every_metric_says_what_it_counts(hooks: ModuleType) -> None:
     assert all(f"`{name}`" in page for name, *_ in metrics)
 
 
+def test_every_error_says_when_it_is_answered(hooks: ModuleType) -> None:
+    kinds = [kind for _, kind in hooks.errors()]
+    assert {"InvalidRequest", "Conflict", "NotImplementedHere", "UpstreamTimeout"} <= {kind.__name__ for kind in kinds}
+    assert [kind.__name__ for kind in kinds if not (kind.__doc__ or "").strip()] == []
+    page = hooks.errors_page()
+    assert all(f"`{kind.__name__}`" in page for kind in kinds)
+
+
 # A code block of the guides marked `<!-- runnable -->` runs here against the proxy and the fake
 # upstream, its `http://localhost:8080` the proxy's address: a quick start that stops working fails.
 RUNNABLE = re.compile(r"<!-- runnable -->\n```(sh|python)\n(.*?)\n```", re.S)
