@@ -11,7 +11,7 @@ E2E_STAMP := $(VENV)/.e2e-installed
 DIST ?= dist
 INSTALLED ?= $(abspath $(or $(TMPDIR),/tmp))/responses-proxy-installed
 
-.PHONY: run test test-core lint e2e demo bench check-config clean wheel installed smoke screenshots
+.PHONY: run test test-core lint e2e demo bench check-config clean wheel installed smoke screenshots docs docs-serve
 
 $(RUN_STAMP): setup.cfg pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,13 @@ smoke: installed $(STAMP)
 	RESPONSES_PROXY=$(INSTALLED)/bin/responses-proxy RESPONSES_PROXY_WHEEL=$(abspath $(wildcard $(DIST)/*.whl)) \
 	  $(BIN)/python -m pytest tests/installed
 
+# The documentation site (mkdocs.yml), strict: a broken link or a page left out fails the build.
+docs: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve
+
 # The documentation's pictures of the viewer, taken again by the test that checks what they show.
 screenshots: $(STAMP)
 	SCREENSHOTS=docs/images $(BIN)/python -m pytest tests/test_viewer.py -k pictures
@@ -85,4 +92,4 @@ check-config: $(STAMP)
 	$(BIN)/responses-proxy --check-config $(CONFIG)
 
 clean:
-	rm -rf $(VENV) *.egg-info $(DIST)
+	rm -rf $(VENV) *.egg-info $(DIST) site

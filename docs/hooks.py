@@ -1,16 +1,21 @@
-"""MkDocs hooks: the reference pages made from the code itself at every build, so that they
-cannot drift from it: the configuration (the config's own types, each key's docstring, in the
-order of the file), the command line (its `--help`), the metrics (the registry's own help).
-tests/test_docs.py fails where a key, a flag or a metric has no description."""
+"""MkDocs hooks: the pages made from the code itself at every build, so that they cannot drift
+from it: the configuration (the config's own types, each key's docstring, in the order of the
+file), the command line (its `--help`), the metrics (the registry's own help), the errors (the
+error tree); the rule book, docs/design.md, one page a section, each rule under its own heading
+with the tests that cite it; the changelog; and every `design.md N.M` in the pages a link to its
+rule. tests/test_docs.py fails where a key, a flag, a metric or an error has no description."""
 
 from __future__ import annotations
 
 import argparse
 import ast
 import inspect
+import posixpath
+import re
 import types
 import typing
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -21,6 +26,7 @@ from proxy import errors as errors_module
 from proxy.cli import parser
 from proxy.metrics import Metrics
 
+ROOT = Path(__file__).resolve().parents[1]
 GENERATED = {
     "reference/configuration.md": lambda: configuration_page(),
     "reference/cli.md": lambda: cli_page(),
@@ -30,9 +36,80 @@ GENERATED = {
 
 
 def on_files(files: Files, config: Any) -> Files:
-    for path, page in GENERATED.items():
+    pages = {**GENERATED, "changelog.md": lambda: (ROOT / "CHANGELOG.md").read_text()}
+    book = rule_book((ROOT / "docs" / "design.md").read_text())
+    files.remove(files.get_file_from_path("design.md"))
+    for path, page in pages.items():
         files.append(File.generated(config, path, content=page()))
+    for path, text in book.items():
+        files.append(File.generated(config, path, content=text))
     return files
+
+
+def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
+    """Every `design.md N.M` (or `design.md N`) outside code a link to its rule's heading."""
+    here = posixpath.dirname(page.file.src_uri)
+
+    def link(match: re.Match[str]) -> str:
+        number = match.group(1)
+        target = posixpath.relpath(f"design/{number.split('.')[0]}.md", here or ".")
+        anchor = f"#{number}" if "." in number else ""
+        return f"[design.md {number}]({target}{anchor})"
+
+    return re.sub(r"(?<![`\w/\[])design\.md (\d+(?:\.\d+)?)(?![\w`])", link, markdown)
+
+
+# -- the rule book --------------------------------------------------------------------------------
+
+SECTION = re.compile(r"^## (\d+)\. (.+)$", re.M)
+RULE = re.compile(r"^### (\d+\.\d+) (.+)$", re.M)
+
+
+def rule_book(design: str) -> dict[str, str]:
+    """docs/design.md as the site shows it: an index (its opening, then the sections), and a page
+    a section whose every rule's heading is its number's anchor, with the tests that cite it."""
+    cited = citations()
+    found = list(SECTION.finditer(design))
+    opening = design[: found[0].start()].strip()
+    pages = {}
+    index = [opening, "", "## Sections", ""]
+    for number, match in enumerate(found):
+        end = found[number + 1].start() if number + 1 < len(found) else len(design)
+        section, title = match.group(1), match.group(2)
+        index.append(f"- [{section}. {title}](design/{section}.md)")
+        body = RULE.sub(lambda rule: f"## {rule[1]} {rule[2]} {{#{rule[1]}}}", design[match.end() : end])
+        pages[f"design/{section}.md"] = f"# {section}. {title}\n{_pinned_at_ends(body, cited)}"
+    pages["design.md"] = "\n".join(index) + "\n"
+    return pages
+
+
+def _pinned_at_ends(body: str, cited: dict[str, list[str]]) -> str:
+    """After each rule, the tests that name it."""
+    parts = re.split(r"(?m)^(## \d+\.\d+ .*)$", body)
+    out = [parts[0]]
+    for heading, text in zip(parts[1::2], parts[2::2], strict=True):
+        number = heading.split()[1]
+        tests = cited.get(number, [])
+        pinned = f"\n*Pinned by* {', '.join(f'`{test}`' for test in tests)}.\n" if tests else ""
+        out.append(f"{heading}\n{text.rstrip()}\n{pinned}\n")
+    return "".join(out)
+
+
+def citations() -> dict[str, list[str]]:
+    """Each rule's tests: the test functions whose name, docstring or body cite it
+    (`design.md 3.7`, `design.md 14.3, 14.5`)."""
+    found: dict[str, list[str]] = {}
+    for path in sorted((ROOT / "tests").rglob("test_*.py")):
+        source = path.read_text()
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_"):
+                text = ast.get_source_segment(source, node) or ""
+                for listed in re.findall(r"design\.md ((?:\d+\.\d+(?:, )?)+)", text):
+                    for number in listed.split(", "):
+                        where = f"{path.relative_to(ROOT)}::{node.name}"
+                        if where not in found.setdefault(number, []):
+                            found[number].append(where)
+    return found
 
 
 # -- the command line -----------------------------------------------------------------------------
