@@ -124,11 +124,14 @@ async def test_a_turn_ending_with_a_compaction_trigger_is_answered_by_one_compac
         events = parse_sse(raw)
         for event in events:
             validate_event(event)
+        # The newest SDKs' compaction event, typed by them, names the item it made.
         assert [e["type"] for e in events] == [
-            "response.created", "response.in_progress", "response.output_item.added", "response.output_item.done", "response.completed",
+            "response.created", "response.in_progress", "response.output_item.added", "response.compaction.compacting",
+            "response.output_item.done", "response.completed",
         ]
-        assert [e["sequence_number"] for e in events] == list(range(5)) and raw.endswith(b"data: [DONE]\n\n")
+        assert [e["sequence_number"] for e in events] == list(range(6)) and raw.endswith(b"data: [DONE]\n\n")
         response = events[-1]["response"]
+        assert (events[3]["item_id"], events[3]["output_index"]) == (response["output"][0]["id"], 0)
     else:
         response = orjson.loads(raw)
         validate_response(response)

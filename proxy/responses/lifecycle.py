@@ -98,14 +98,19 @@ def completed(id: str, at: int, output: list[Any], echo: dict[str, Any], usage: 
 
 def whole_stream(response: dict[str, Any]) -> bytes:
     """The stream of a `completed` Response: created and in progress with no output yet, each
-    item added and done, completed, then `[DONE]` (design.md 4.3)."""
+    item added and done (a compaction item compacting between), completed, then `[DONE]`
+    (design.md 4.3)."""
     opened = {**response, "status": "in_progress", "completed_at": None, "output": [], "usage": None}
     events: list[dict[str, Any]] = [
         {"type": "response.created", "response": opened},
         {"type": "response.in_progress", "response": opened},
     ]
     for index, item in enumerate(response["output"]):
-        events += [{"type": kind, "output_index": index, "item": item} for kind in _ITEM_EVENTS]
+        added, done = ({"type": kind, "output_index": index, "item": item} for kind in _ITEM_EVENTS)
+        events.append(added)
+        if item["type"] == "compaction":  # the newest SDKs' sign of a summary sampled (design.md 8.8)
+            events.append({"type": "response.compaction.compacting", "output_index": index, "item_id": item["id"]})
+        events.append(done)
     events.append({"type": TERMINAL_EVENTS["completed"], "response": response})
     return b"".join(encoded_event({**event, "sequence_number": i}) + b"\n\n" for i, event in enumerate(events)) + DONE
 

@@ -342,6 +342,15 @@ class ReasoningConfig(msgspec.Struct):
             self.summary = self.generate_summary
 
 
+class ImageOptions(msgspec.Struct):
+    # `enabled` asks for compressed images, which no chat server here makes: refused (design.md 8.1).
+    context_compression: Literal["auto", "enabled", "disabled"] | None = None
+
+
+class MultiAgent(msgspec.Struct):
+    enabled: bool
+
+
 class ConversationRef(msgspec.Struct):
     id: Annotated[str, msgspec.Meta(min_length=1)]
 
@@ -410,6 +419,12 @@ class CreateResponse(msgspec.Struct):
     service_tier: str | None = None
     truncation: str | None = None
     client_metadata: dict[str, Any] | None = None
+    # OpenAI's cache breakpoints (a content part's `prompt_cache_breakpoint` is kept with its item),
+    # its access programs and its background scheduling: kept on the request, never sent upstream.
+    prompt_cache_options: dict[str, Any] | None = None
+    access_programs: dict[str, Any] | None = None
+    background_options: dict[str, Any] | None = None
+    image: ImageOptions | None = None
     # Caps calls of hosted tools, which the model here never makes.
     max_tool_calls: Annotated[int, msgspec.Meta(ge=0)] | None = None
     # Read from the store by the HTTP layer (design.md 9.4, 10.1).
@@ -418,8 +433,10 @@ class CreateResponse(msgspec.Struct):
     context_management: list[ContextManagement] | None = None
     # Its items are the history, and its input and output are added to it (design.md 9.7).
     conversation: Annotated[str, msgspec.Meta(min_length=1)] | ConversationRef | None = None
-    # Accepted so that the refusal below can name it; the proxy cannot honour it.
+    # Accepted so that the refusals below can name them; the proxy cannot honour them.
     prompt: Any = None
+    moderation: Any = None
+    multi_agent: MultiAgent | None = None  # the beta's agents OpenAI's servers run
 
     @property
     def conversation_id(self) -> str | None:
@@ -554,6 +571,24 @@ def _refuse_unsupported(request: CreateResponse) -> None:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input", code="missing_required_parameter")
     if request.prompt is not None:
         raise InvalidRequest("'prompt' is not supported by this proxy.", param="prompt", code="unsupported_parameter")
+    if request.moderation is not None:
+        raise InvalidRequest(
+            "'moderation' is not supported by this proxy: no moderation model runs here.",
+            param="moderation",
+            code="unsupported_parameter",
+        )
+    if request.multi_agent is not None and request.multi_agent.enabled:
+        raise InvalidRequest(
+            "Server-hosted multi-agent runs are not supported by this proxy.",
+            param="multi_agent.enabled",
+            code="unsupported_parameter",
+        )
+    if request.image is not None and request.image.context_compression == "enabled":
+        raise InvalidRequest(
+            "Image context compression is not supported by this proxy: images are sent as they are.",
+            param="image.context_compression",
+            code="unsupported_parameter",
+        )
     if request.conversation is not None and request.previous_response_id is not None:
         raise InvalidRequest(
             "Give 'conversation' or 'previous_response_id', not both: each names the history.", param="conversation"

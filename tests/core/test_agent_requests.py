@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import re
 import typing
+from pathlib import Path
 from typing import Any, Literal
 
 import orjson
 import pytest
+from openai._utils import PropertyInfo
 from openai.types.beta.beta_response_input_item_param import BetaResponseInputItemParam
+from openai.types.beta.response_create_params import ResponseCreateParamsBase as BetaResponseCreateParamsBase
+from openai.types.responses.response_create_params import ResponseCreateParamsBase
 from openai.types.responses.response_input_item_param import ResponseInputItemParam
 
 from proxy.errors import InvalidRequest
 from proxy.responses.plan import Call, TranslationSettings, plan_call
-from proxy.responses.schema import NO_CHAT_FORM, InputItem, parse_request, unknown_fields
+from proxy.responses.schema import KNOWN_FIELDS, NO_CHAT_FORM, InputItem, parse_request, unknown_fields
 from proxy.responses.sealing import Sealer, derive_key
 from tests.agents import codex_turn, namespace, web_search
 from tests.core.test_request import CALL, CALL_ITEM, IMAGE, WEATHER, msg
@@ -413,15 +418,86 @@ def _item_types(union: Any) -> set[str]:
     return found
 
 
+def _body_fields(params: Any) -> set[str]:
+    """The body fields of an SDK `ResponseCreateParams`: those not sent as a header."""
+    hints = typing.get_type_hints(params, include_extras=True)
+    return {
+        name
+        for name, hint in hints.items()
+        if not any(isinstance(extra, PropertyInfo) and extra.alias and "-" in extra.alias for extra in getattr(hint, "__metadata__", ()))
+    }
+
+
+def _listed() -> dict[str, set[str]]:
+    """design.md 8.15's block: `fields honoured: ...`, `items dropped: ...`, each a set of names."""
+    text = (Path(__file__).parents[2] / "docs" / "design.md").read_text()
+    block = re.search(r"^8\.15 .*?^```text\n(.*?)^```", text, re.S | re.M)
+    assert block is not None, "design.md 8.15 holds the block"
+    lines = [line.partition(":") for line in block[1].splitlines()]
+    return {head: set(names.split()) for head, _, names in lines}
+
+
+# A value of each field design.md 8.15 lists as ignored or refused, as a client sends it.
+SENT = {
+    **HARMLESS,
+    "user": "someone",
+    "prompt_cache_options": {"mode": "explicit", "ttl": "12h", "comparison_response_id": "resp_1"},
+    "access_programs": {"cyber": "standard"},
+    "background_options": {"completion_window": "2h", "continuation_id": "c1"},
+    "image": {"context_compression": "disabled"},
+    "prompt": {"id": "pmpt_1"},
+    "moderation": {"model": "omni-moderation-latest"},
+    "multi_agent": {"enabled": True, "max_concurrent_subagents": 3},
+}
+REFUSED_AT = {"multi_agent": "multi_agent.enabled"}
+
+
 @pytest.mark.parametrize(
-    "union",
-    [pytest.param(ResponseInputItemParam, id="responses"), pytest.param(BetaResponseInputItemParam, id="beta")],
+    ("params", "union"),
+    [
+        pytest.param(ResponseCreateParamsBase, ResponseInputItemParam, id="responses"),
+        pytest.param(BetaResponseCreateParamsBase, BetaResponseInputItemParam, id="beta"),
+    ],
 )
-def test_every_input_item_type_of_the_installed_sdk_is_read_or_dropped_by_name(union: Any) -> None:
-    """design.md 8.2: an item type the proxy does not know is a 400, so each the SDK defines is
-    read or dropped on purpose; a new SDK release with a new type fails here first."""
-    known = {struct.__struct_config__.tag for struct in typing.get_args(InputItem)}
-    assert _item_types(union) - known - NO_CHAT_FORM == set()
+def test_every_field_and_input_item_type_of_the_installed_sdk_is_one_that_design_8_15_names(params: Any, union: Any) -> None:
+    """design.md 8.15: each field and item type the SDK defines is honoured, ignored or refused
+    on purpose; a new SDK release with a new name fails here first."""
+    listed = _listed()
+    fields = listed["fields honoured"] | listed["fields ignored"] | listed["fields refused"]
+    assert _body_fields(params) - fields == set()
+    # Each the schema reads: none is an unknown field, which `unknown_fields: reject` refuses.
+    assert fields - KNOWN_FIELDS == set()
+    known = {struct.__struct_config__.tag for struct in typing.get_args(InputItem)} - {"dropped"}
+    assert listed["items read"] == known and listed["items dropped"] == NO_CHAT_FORM
+    assert _item_types(union) - listed["items read"] - listed["items dropped"] - listed["items refused"] == set()
+
+
+@pytest.mark.parametrize("field", sorted(_listed()["fields ignored"]))
+def test_a_field_design_8_15_lists_as_ignored_changes_nothing_sent(field: str) -> None:
+    assert sent({"input": "hi", field: SENT[field]}) == sent({"input": "hi"})
+
+
+@pytest.mark.parametrize("field", sorted(_listed()["fields refused"]))
+def test_a_field_design_8_15_lists_as_refused_is_a_400_naming_it(field: str) -> None:
+    with pytest.raises(InvalidRequest) as refused:
+        plan({"input": "hi", field: SENT[field]})
+    assert (refused.value.param, refused.value.code) == (REFUSED_AT.get(field, field), "unsupported_parameter")
+
+
+def test_what_cannot_be_honoured_is_refused_where_it_asks_for_it() -> None:
+    """An image's compression asked for (none is made here), a multi-agent run enabled: a 400
+    naming it; left to the server, or turned off, they change nothing (design.md 8.1)."""
+    with pytest.raises(InvalidRequest) as refused:
+        plan({"input": "hi", "image": {"context_compression": "enabled"}})
+    assert refused.value.param == "image.context_compression"
+    for value in ({"image": {"context_compression": "auto"}}, {"multi_agent": {"enabled": False}}):
+        assert sent({"input": "hi", **value}) == sent({"input": "hi"})
+
+
+def test_a_content_parts_cache_breakpoint_is_accepted_and_changes_nothing_sent() -> None:
+    """design.md 8.1: OpenAI's explicit cache breakpoint marks a prefix; it cannot change the tokens."""
+    part = {"type": "input_text", "text": "hi", "prompt_cache_breakpoint": {"mode": "explicit", "ttl": "30m"}}
+    assert sent({"input": [{"role": "user", "content": [part]}]}) == sent({"input": "hi"})
 
 
 @pytest.mark.parametrize(
