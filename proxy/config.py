@@ -318,6 +318,24 @@ class Mcp(_Section, frozen=True):
     file_search: HostedTool | None = None
 
 
+class Files(_Section, frozen=True):
+    """Files a request gives (`input_file` parts) and the Files API keeps (design.md 8.16)."""
+
+    # The `file_url` values (exact, or patterns) a request may name, matched as
+    # `mcp.allowed_servers` entries are; none by default. A host on an address that is not public
+    # only by an entry that names it outright.
+    allowed_urls: list[str] = []
+    timeout: Seconds = 30.0  # one file_url's fetch
+    max_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 16 * 1024 * 1024  # of one file, however given
+    max_pages: Annotated[int, msgspec.Meta(ge=1)] = 100  # of one PDF
+    # The upstreams whose models read images: a PDF's pages go to them as images too, besides
+    # its text; to the others, its text alone.
+    image_upstreams: list[str] = []
+    # What the Files API keeps of each API key: files, and their bytes together.
+    max_files_per_key: Annotated[int, msgspec.Meta(ge=1)] = 100
+    max_bytes_per_key: Annotated[int, msgspec.Meta(ge=1024)] = 256 * 1024 * 1024
+
+
 class Log(_Section, frozen=True):
     format: Literal["text", "json"] = "text"
     level: Literal["debug", "info", "warning", "error"] = "info"
@@ -336,6 +354,7 @@ class Config(_Section, frozen=True):
     background: Background = Background()
     tracing: Tracing = Tracing()
     mcp: Mcp = Mcp()
+    files: Files = Files()
     ui: bool = False  # the token-score viewer at /ui/ (design.md 13); it reads the API with its user's key
     max_body_bytes: Annotated[int, msgspec.Meta(ge=1024)] = 32 * 1024 * 1024
     # After SIGTERM: how long streams in flight may run before they are cut.
@@ -470,6 +489,10 @@ def _check(config: Config) -> None:
             f" redis+cluster://... or none: {store.url!r}"
         )
     _check_mcp(config.mcp)
+    _check_allowed(config.files.allowed_urls, "files.allowed_urls")
+    for i, name in enumerate(config.files.image_upstreams):
+        if name not in names:
+            raise ConfigError(f"files.image_upstreams[{i}]: no upstream named {name!r} (have {', '.join(names)})")
     for i, route in enumerate(config.routes):
         if route.upstream not in names:
             raise ConfigError(f"routes[{i}].upstream: no upstream named {route.upstream!r} (have {', '.join(names)})")
@@ -477,17 +500,21 @@ def _check(config: Config) -> None:
             raise ConfigError(f"routes[{i}].codex: a model card names one model, not the pattern {route.model!r}")
 
 
-def _check_mcp(mcp: Mcp) -> None:
-    for i, entry in enumerate(mcp.allowed_servers):
-        # Read as each request's `server_url` is matched against it (design.md 14.1): an entry that
-        # does not parse would fail every request that names an MCP server.
+def _check_allowed(entries: list[str], key: str) -> None:
+    for i, entry in enumerate(entries):
+        # Read as each request's URL is matched against it (design.md 14.1): an entry that does
+        # not parse would fail every request that names a URL.
         try:
             parts = urlsplit(entry)
             port = parts.port if not parts.netloc.endswith(":*") else None
         except ValueError as exc:
-            raise ConfigError(f"mcp.allowed_servers[{i}]: not a URL: {entry!r} ({exc})") from None
+            raise ConfigError(f"{key}[{i}]: not a URL: {entry!r} ({exc})") from None
         if parts.scheme not in ("http", "https") or not parts.hostname or port == 0:
-            raise ConfigError(f"mcp.allowed_servers[{i}]: not an http(s) URL with a host: {entry!r}")
+            raise ConfigError(f"{key}[{i}]: not an http(s) URL with a host: {entry!r}")
+
+
+def _check_mcp(mcp: Mcp) -> None:
+    _check_allowed(mcp.allowed_servers, "mcp.allowed_servers")
     labels = [server.server_label for server in mcp.servers]
     for i, server in enumerate(mcp.servers):
         if labels.index(server.server_label) != i:

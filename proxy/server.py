@@ -17,6 +17,7 @@ from .api import (
     compact,
     conversations,
     endpoints,
+    files,
     input_tokens,
     passthrough,
     responses,
@@ -195,6 +196,11 @@ def create_app(config: Config) -> web.Application:
     app.router.add_post("/v1/conversations/{id}/items", conversations.add_items)
     app.router.add_get("/v1/conversations/{id}/items/{item_id}", conversations.retrieve_item)
     app.router.add_delete("/v1/conversations/{id}/items/{item_id}", conversations.delete_item)
+    app.router.add_post("/v1/files", files.upload)
+    app.router.add_get("/v1/files", files.list_files)
+    app.router.add_get("/v1/files/{id}", files.retrieve)
+    app.router.add_get("/v1/files/{id}/content", files.content)
+    app.router.add_delete("/v1/files/{id}", files.delete)
     app.router.add_post("/v1/chat/completions", passthrough.forward)
     app.router.add_post("/v1/completions", passthrough.forward)
     app.router.add_get("/v1/models", endpoints.models)

@@ -59,9 +59,11 @@ def test_the_wheel_carries_no_file_from_outside_the_package(built: Path) -> None
     assert {top for top in tops if not top.endswith(".dist-info")} == {"proxy"}
 
 
-# What a sidecar that names no MCP server, no Redis store and no tracing must not pay for
-# (design.md 2.6): each is imported where its feature is configured or first used.
-FEATURES_NOT_CONFIGURED = {"mcp", "mcp_types", "starlette", "sse_starlette", "pydantic", "anyio", "uvicorn", "redis", "opentelemetry"}
+# What a sidecar that names no MCP server, no Redis store and no tracing, and has read no PDF, must
+# not pay for (design.md 2.6): each is imported where its feature is configured or first used.
+FEATURES_NOT_CONFIGURED = {
+    "mcp", "mcp_types", "starlette", "sse_starlette", "pydantic", "anyio", "uvicorn", "redis", "opentelemetry", "pypdfium2",
+}
 
 PLAIN_START = """
 import asyncio, sys

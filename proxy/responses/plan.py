@@ -45,6 +45,7 @@ from .schema import (
     InputImage,
     InputText,
     Message,
+    OutputText,
     Reasoning,
     ReasoningConfig,
     Refusal,
@@ -309,7 +310,9 @@ def _part_text(parts: str | list[ContentPart]) -> str:
     if isinstance(parts, str):
         return parts
     return "".join(
-        part.refusal if isinstance(part, Refusal) else part.text for part in parts if not isinstance(part, InputImage)
+        part.refusal if isinstance(part, Refusal) else part.text
+        for part in parts
+        if isinstance(part, InputText | OutputText | Refusal)  # a file was read into these (8.16)
     )
 
 

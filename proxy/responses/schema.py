@@ -85,6 +85,18 @@ class InputImage(_Tagged, tag="input_image"):
     detail: Literal["low", "high", "auto", "original"] | None = None
 
 
+class InputFile(_Tagged, tag="input_file"):
+    """A file in a message or a tool's output (design.md 8.16): its bytes (`file_data`, base64 or
+    a data URL), a URL the proxy fetches, or a file the Files API keeps; read into text (and page
+    images) before the call is planned."""
+
+    file_data: str | None = None
+    file_id: str | None = None
+    file_url: str | None = None
+    filename: str | None = None
+    detail: Literal["auto", "low", "high"] | None = None
+
+
 class ReasoningText(_Tagged, tag="reasoning_text"):
     text: str
 
@@ -93,7 +105,7 @@ class SummaryText(_Tagged, tag="summary_text"):
     text: str
 
 
-ContentPart = InputText | OutputText | Refusal | InputImage
+ContentPart = InputText | OutputText | Refusal | InputImage | InputFile
 
 # The chat API's rule for function names, which the Responses API shares.
 FunctionName = Annotated[str, msgspec.Meta(min_length=1, max_length=64, pattern=r"^[a-zA-Z0-9_-]+$")]

@@ -8,7 +8,7 @@ import hashlib
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from .schema import ContentPart, CreateResponse, InputImage, Message, Refusal
+from .schema import ContentPart, CreateResponse, InputFile, InputImage, Message, Refusal
 
 # How much of the first turn's text the prefix key reads: enough to tell sessions apart, a
 # bounded cost for a prompt of any size.
@@ -91,4 +91,6 @@ def prefix_key(texts: Iterable[str]) -> str:
 def _text(part: ContentPart) -> str:
     if isinstance(part, InputImage):
         return part.image_url
+    if isinstance(part, InputFile):  # the file as named: its bytes are read later (design.md 8.16)
+        return part.file_id or part.file_url or part.filename or ""
     return part.refusal if isinstance(part, Refusal) else part.text

@@ -24,9 +24,18 @@ from typing import Any, TypeVar, cast
 
 from ..errors import StoreUnavailable
 from ..limits import PerKey
-from .backend import Backend, Event, Fenced, Renewal, Runs, StoredConversation, StoredResponse
+from .backend import Backend, Event, Fenced, Renewal, Runs, StoredConversation, StoredFile, StoredResponse
 
-__all__ = ["CapReached", "Fenced", "ResponseStore", "Runs", "StoredConversation", "StoredResponse", "owner_of"]
+__all__ = [
+    "CapReached",
+    "Fenced",
+    "ResponseStore",
+    "Runs",
+    "StoredConversation",
+    "StoredFile",
+    "StoredResponse",
+    "owner_of",
+]
 
 log = logging.getLogger("proxy.store")
 T = TypeVar("T")
@@ -223,6 +232,24 @@ class ResponseStore:
 
     async def let_go(self, id: str, holder: str) -> None:
         await self._guard("let_go", self.backend.let_go(id, holder))
+
+    # -- files (design.md 8.16) ------------------------------------------------------------
+
+    async def put_file(self, file: StoredFile, content: bytes, max_files: int, max_bytes: int) -> str | None:
+        call = self.backend.put_file(file, content, max_files, max_bytes)
+        return await self._guard("put_file", call, file.owner)
+
+    async def file(self, id: str, owner: str) -> StoredFile | None:
+        return await self._guard("file", self.backend.file(id, owner), owner)
+
+    async def file_content(self, id: str, owner: str) -> bytes | None:
+        return await self._guard("file_content", self.backend.file_content(id, owner), owner)
+
+    async def files(self, owner: str) -> list[StoredFile]:
+        return await self._guard("files", self.backend.files(owner), owner)
+
+    async def forget_file(self, id: str, owner: str) -> bool:
+        return await self._guard("forget_file", self.backend.forget_file(id, owner), owner)
 
     # -- a background response's events (design.md 10.2) ---------------------------------
 

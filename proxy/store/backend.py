@@ -1,5 +1,5 @@
-"""What a store backend is (design.md 9.6): four small protocols, records, an event log,
-leases and conversations, over the types they exchange. A backend implements the four and
+"""What a store backend is (design.md 9.6): five small protocols, records, an event log,
+leases, conversations and files, over the types they exchange. A backend implements the five and
 nothing else: time limits, failures, the wait for new events and the hand-off of events within
 one process are `ResponseStore`'s, the same for every backend."""
 
@@ -53,6 +53,22 @@ class StoredConversation(msgspec.Struct, gc=False):
 
 encode_conversation = msgspec.json.Encoder().encode
 decode_conversation = msgspec.json.Decoder(StoredConversation).decode
+
+
+class StoredFile(msgspec.Struct, gc=False, kw_only=True):
+    """A file the Files API keeps (design.md 8.16): whose key uploaded it and what it is; its
+    bytes are kept apart, read only when a request or a download asks for them."""
+
+    id: str
+    owner: str
+    created_at: int
+    filename: str
+    bytes: int
+    purpose: str
+
+
+encode_file = msgspec.json.Encoder().encode
+decode_file = msgspec.json.Decoder(StoredFile).decode
 
 
 class _ItemId(msgspec.Struct):
@@ -222,5 +238,27 @@ class Conversations(Protocol):
         ...
 
 
-class Backend(Records, EventLog, Leases, Conversations, Protocol):
+class Files(Protocol):
+    """The Files API's files (design.md 8.16), each owner's bounded; kept until deleted."""
+
+    async def put_file(self, file: StoredFile, content: bytes, max_files: int, max_bytes: int) -> str | None:
+        """Keep a file and its bytes unless its owner's files would then be more than `max_files`,
+        or hold more than `max_bytes` together, checked in the same step as the write: None when
+        it was kept, else the bound it would pass (`files`, `bytes`)."""
+        ...
+
+    async def file(self, id: str, owner: str) -> StoredFile | None: ...
+
+    async def file_content(self, id: str, owner: str) -> bytes | None: ...
+
+    async def files(self, owner: str) -> list[StoredFile]:
+        """Every file of the owner's (at most its bound), in no order."""
+        ...
+
+    async def forget_file(self, id: str, owner: str) -> bool:
+        """Whether the owner's file was there to delete (its bytes go with it)."""
+        ...
+
+
+class Backend(Records, EventLog, Leases, Conversations, Files, Protocol):
     async def close(self) -> None: ...

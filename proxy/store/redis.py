@@ -31,10 +31,13 @@ from .backend import (
     Renewal,
     Runs,
     StoredConversation,
+    StoredFile,
     StoredResponse,
     decode_conversation,
+    decode_file,
     decode_stored,
     encode_conversation,
+    encode_file,
     encode_stored,
     referable_items,
 )
@@ -283,6 +286,31 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('DEL', KEYS[1])
 end
 """
+# A file (design.md 8.16): its record ARGV[2] under its id ARGV[1] in its owner's hash (KEYS[1]),
+# its bytes ARGV[6] at KEYS[2] (on the owner's slot), unless the owner's files would be more than
+# ARGV[3] or hold more than ARGV[4] bytes with its ARGV[5]: then the bound it would pass.
+_PUT_FILE = """
+if redis.call('HLEN', KEYS[1]) >= tonumber(ARGV[3]) then
+  return 'files'
+end
+local used = tonumber(ARGV[5])
+for _, record in ipairs(redis.call('HVALS', KEYS[1])) do
+  used = used + cjson.decode(record)['bytes']
+end
+if used > tonumber(ARGV[4]) then
+  return 'bytes'
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+redis.call('SET', KEYS[2], ARGV[6])
+return false
+"""
+_FORGET_FILE = """
+if redis.call('HDEL', KEYS[1], ARGV[1]) == 0 then
+  return 0
+end
+redis.call('DEL', KEYS[2])
+return 1
+"""
 
 
 class _ItemEntry(msgspec.Struct):
@@ -371,6 +399,8 @@ class RedisBackend:
         self._release = self._redis.register_script(_RELEASE)
         self._unfence = self._redis.register_script(_UNFENCE)
         self._copy = self._redis.register_script(_COPY)
+        self._put_file = self._redis.register_script(_PUT_FILE)
+        self._forget_file = self._redis.register_script(_FORGET_FILE)
         self._prefix = prefix
         self._ttl = max(1, round(ttl))
         self._max = max_responses
@@ -554,6 +584,34 @@ class RedisBackend:
 
     async def let_go(self, id: str, holder: str) -> None:
         await self._let_go(keys=[f"{self._conversation_key(id)}:hold"], args=[holder])
+
+    def _files_key(self, owner: str) -> str:
+        """An owner's files: a hash of their records by id, on its owner's slot."""
+        return f"{self._prefix}files:{owner}{self._owner_tag(owner)}"
+
+    def _file_key(self, owner: str, id: str) -> str:
+        return f"{self._prefix}file:{owner}:{self._owner_tag(owner)}{id}"
+
+    async def put_file(self, file: StoredFile, content: bytes, max_files: int, max_bytes: int) -> str | None:
+        keys = [self._files_key(file.owner), self._file_key(file.owner, file.id)]
+        args: list[str | bytes | int] = [file.id, encode_file(file), max_files, max_bytes, file.bytes, content]
+        passed = await self._put_file(keys=keys, args=args)
+        return None if passed is None else bytes(passed).decode()
+
+    async def file(self, id: str, owner: str) -> StoredFile | None:
+        data = await self._redis.hget(self._files_key(owner), id)
+        return None if data is None else decode_file(data)
+
+    async def file_content(self, id: str, owner: str) -> bytes | None:
+        return cast("bytes | None", await self._redis.get(self._file_key(owner, id)))
+
+    async def files(self, owner: str) -> list[StoredFile]:
+        records = await self._redis.hvals(self._files_key(owner))
+        return [decode_file(data) for data in records]
+
+    async def forget_file(self, id: str, owner: str) -> bool:
+        keys = [self._files_key(owner), self._file_key(owner, id)]
+        return bool(await self._forget_file(keys=keys, args=[id]))
 
     async def append(self, id: str, events: list[Event], fence: str) -> None:
         args = [fence, self._ttl, *(part for seq, event in events for part in (seq, event))]

@@ -18,10 +18,13 @@ from .backend import (
     Renewal,
     Runs,
     StoredConversation,
+    StoredFile,
     StoredResponse,
     decode_conversation,
+    decode_file,
     decode_stored,
     encode_conversation,
+    encode_file,
     encode_stored,
     referable_items,
 )
@@ -48,6 +51,10 @@ CREATE TABLE IF NOT EXISTS conversations (
     id TEXT PRIMARY KEY, owner TEXT NOT NULL, expires_at REAL NOT NULL, record BLOB NOT NULL,
     holder TEXT, held_until REAL NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS files (
+    id TEXT PRIMARY KEY, owner TEXT NOT NULL, bytes INTEGER NOT NULL, record BLOB NOT NULL, content BLOB NOT NULL
+);
+CREATE INDEX IF NOT EXISTS files_by_owner ON files (owner);
 CREATE TABLE IF NOT EXISTS runs (
     response_id TEXT PRIMARY KEY, owner TEXT NOT NULL, holder TEXT NOT NULL, lease_until REAL NOT NULL,
     cancel INTEGER NOT NULL DEFAULT 0
@@ -207,6 +214,22 @@ class SQLiteBackend:
     async def let_go(self, id: str, holder: str) -> None:
         await self._run(self._write, "UPDATE conversations SET holder = NULL WHERE id = ? AND holder = ?", (id, holder))
 
+    async def put_file(self, file: StoredFile, content: bytes, max_files: int, max_bytes: int) -> str | None:
+        return await self._run(self._put_file, file, content, max_files, max_bytes)
+
+    async def file(self, id: str, owner: str) -> StoredFile | None:
+        found = await self._run(self._read, "SELECT record FROM files WHERE id = ? AND owner = ?", (id, owner))
+        return None if found is None else decode_file(found)
+
+    async def file_content(self, id: str, owner: str) -> bytes | None:
+        return await self._run(self._read, "SELECT content FROM files WHERE id = ? AND owner = ?", (id, owner))
+
+    async def files(self, owner: str) -> list[StoredFile]:
+        return await self._run(self._files, owner)
+
+    async def forget_file(self, id: str, owner: str) -> bool:
+        return await self._run(self._write, "DELETE FROM files WHERE id = ? AND owner = ?", (id, owner)) > 0
+
     async def _run(self, work: Callable[..., T], *args: object) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._thread, work, *args)
 
@@ -340,6 +363,31 @@ class SQLiteBackend:
                 db.execute("DELETE FROM items WHERE response_id = ?", (id,))
                 db.execute("DELETE FROM events WHERE response_id = ?", (id,))
         return deleted > 0
+
+    def _put_file(self, file: StoredFile, content: bytes, max_files: int, max_bytes: int) -> str | None:
+        db = self._connection()
+        with db:  # the bounds read and the file written in one transaction
+            db.execute("BEGIN IMMEDIATE")
+            count, used = db.execute(
+                "SELECT COUNT(*), COALESCE(SUM(bytes), 0) FROM files WHERE owner = ?", (file.owner,)
+            ).fetchone()
+            if count >= max_files:
+                return "files"
+            if used + file.bytes > max_bytes:
+                return "bytes"
+            db.execute(
+                "INSERT INTO files (id, owner, bytes, record, content) VALUES (?, ?, ?, ?, ?)",
+                (file.id, file.owner, file.bytes, encode_file(file), content),
+            )
+        return None
+
+    def _read(self, statement: str, values: tuple[object, ...]) -> bytes | None:
+        found = self._connection().execute(statement, values).fetchone()
+        return None if found is None else bytes(found[0])
+
+    def _files(self, owner: str) -> list[StoredFile]:
+        rows = self._connection().execute("SELECT record FROM files WHERE owner = ?", (owner,))
+        return [decode_file(row[0]) for row in rows]
 
     def _write(self, statement: str, values: tuple[object, ...]) -> int:
         db = self._connection()

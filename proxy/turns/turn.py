@@ -27,6 +27,7 @@ from ..store import StoredResponse
 from ..upstream.affinity import Session
 from ..upstream.client import Exchange, UpstreamClient
 from .conversations import Held, hold
+from .files import read_files
 from .history import History, read_history, stored_form
 from .tools import ServerCalls, prepare
 
@@ -210,6 +211,7 @@ async def plan_turn(
     held = await _hold(runtime, caller, parsed.conversation_id) if writes and parsed.conversation_id else None
     try:
         past = await read_history(store, caller.owner, parsed, kept)
+        past = await read_files(runtime, caller.owner, past, len(parsed.items()), target)  # design.md 8.16
         stored = store is not None and parsed.store is not False
         servers, calls = await prepare(runtime.mcp, runtime.sealer, caller.owner, past.request, runs=runs and writes)
         settings = translation_settings(target, runtime.sealer)

@@ -95,18 +95,17 @@ class McpServers:
                 )
             return self.operator_endpoint(server, tool)
         try:
-            url = _sent(tool.server_url)
+            found = admitted(tool.server_url, self.config.allowed_servers)
         except ValueError as exc:
             raise InvalidRequest(
                 f"The MCP server URL is not valid: {exc}", param=f"tools[{index}].server_url"
             ) from None
-        allowed = [pattern for pattern in self.config.allowed_servers if _allows(pattern, url)]
-        if not allowed:
+        if found is None:
             raise InvalidRequest(
                 f"The MCP server '{tool.server_url}' is not one this proxy's operator allows (mcp.allowed_servers).",
                 param=f"tools[{index}].server_url",
             )
-        internal = any(_GLOB.isdisjoint(urlsplit(pattern).netloc) for pattern in allowed)
+        url, internal = found
         return Endpoint(tool.server_label, str(url), _client_headers(tool), internal, tool.server_description)
 
     def builtin(self, kind: str) -> tuple[Builtin, Endpoint] | None:
@@ -211,6 +210,17 @@ def _sent(url: str) -> httpx2.URL:
         if any(part.partition(";")[0] in (".", "..") for part in re.split(r"[/\\]", segment)):
             raise ValueError("its path has a '.' or '..' segment as a server may read it (percent-encoded, '..;')")
     return sent
+
+
+def admitted(url: str, allowed: list[str]) -> tuple[httpx2.URL, bool] | None:
+    """A client's URL as it is sent, and whether it may be on an address that is not public (an
+    entry that admits it names its host outright), where an entry of `allowed` admits it; None
+    where none does; a ValueError, saying why, for one that cannot be sent (design.md 14.1)."""
+    sent = _sent(url)
+    entries = [pattern for pattern in allowed if _allows(pattern, sent)]
+    if not entries:
+        return None
+    return sent, any(_GLOB.isdisjoint(urlsplit(pattern).netloc) for pattern in entries)
 
 
 def _allows(pattern: str, url: httpx2.URL) -> bool:
