@@ -14,7 +14,7 @@ from .mcp import RUN_ITEMS, builtin_item, query_of, whole_call
 from .tools import ToolRef, custom_input
 
 _UNNAMED = ToolRef("")
-_PREFIXES = {"shell": "sh", "local_shell": "lsh", "apply_patch": "apc"}
+_PREFIXES = {"shell": "sh", "local_shell": "lsh", "apply_patch": "apc", "tool_search": "tsc"}
 NAMELESS_CALL = "the upstream sent a tool call without a name"
 
 

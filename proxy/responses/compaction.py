@@ -6,15 +6,21 @@ from __future__ import annotations
 
 from typing import Any
 
+import msgspec
+
 from .lifecycle import IdSource
+from .native import ToolSearchCall
 from .schema import (
     TOOL_CALLS,
     TOOL_OUTPUTS,
     Compaction,
     CompactionTrigger,
+    ConfigurationUpdate,
     CreateResponse,
+    HostedTool,
     InputItem,
     Message,
+    ToolSearchOutput,
     answered,
 )
 from .sealing import Sealer
@@ -57,6 +63,23 @@ def compacted(
         "output": [*kept, item],
         "usage": usage,
     }
+
+
+# What a compacted output keeps besides the user's messages, each as it was: the settings that
+# apply on (design.md 8.2), the tools a search loaded and its call (8.17).
+KEPT = (ConfigurationUpdate, ToolSearchCall, ToolSearchOutput)
+_KEPT_PREFIXES = {ConfigurationUpdate: "cu", ToolSearchCall: "tsc", ToolSearchOutput: "tso"}
+
+
+def kept_item(item: ConfigurationUpdate | ToolSearchCall | ToolSearchOutput, new_id: IdSource) -> dict[str, Any]:
+    kept: dict[str, Any] = {"id": new_id(_KEPT_PREFIXES[type(item)]), **msgspec.to_builtins(item)}
+    if isinstance(item, ToolSearchOutput):  # a tool the proxy drops, as its client sent it
+        kept["tools"] = [
+            tool.sent if isinstance(tool, HostedTool) else msgspec.to_builtins(tool) for tool in item.tools
+        ]
+    if not isinstance(item, ConfigurationUpdate):
+        kept.update(execution="client", status="completed")
+    return kept
 
 
 def summary_of(blob: str, sealer: Sealer | None) -> str | None:

@@ -42,6 +42,7 @@ OWED = {
     "computer_call": "computer_call_output",
     "local_shell_call": "local_shell_call_output",
     "mcp_approval_request": "mcp_approval_response",
+    "tool_search_call": "tool_search_output",
 }
 IdSource = Callable[[str], str]  # prefix -> a new unique id with that prefix
 Clock = Callable[[], float]  # seconds since the epoch

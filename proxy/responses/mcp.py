@@ -92,6 +92,7 @@ class McpTool(_Item, tag="mcp"):
     allowed_tools: list[str] | ToolFilter | None = None
     require_approval: Literal["always", "never"] | ApprovalFilter | None = None  # None: always
     server_description: str | None = None
+    defer_loading: bool | None = None  # its tools offered once a tool search loads it (design.md 8.17)
 
 
 class ToolChoiceMcp(_Item, tag="mcp"):

@@ -28,6 +28,16 @@ class ApplyPatchTool(_Item, tag="apply_patch"):
     pass
 
 
+class ToolSearchTool(_Item, tag="tool_search"):
+    """A search for the request's deferred tools (design.md 8.17): run by the client
+    (`execution: client`), offered to the model as a function of the client's description and
+    parameters; run by the server (OpenAI's default), refused."""
+
+    execution: Literal["server", "client"] | None = None
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+
 class ToolChoiceShell(_Item, tag="shell"):
     pass
 
@@ -113,7 +123,15 @@ class ApplyPatchCallOutput(_Item, tag="apply_patch_call_output"):
     output: str | None = None
 
 
-NATIVE_CALLS = (ShellCall, LocalShellCall, ApplyPatchCall)
+class ToolSearchCall(_Item, tag="tool_search_call"):
+    """The model's search, which its client ran (design.md 8.17): replayed as the call of the
+    search function."""
+
+    call_id: CallId
+    arguments: Any = None
+
+
+NATIVE_CALLS = (ShellCall, LocalShellCall, ApplyPatchCall, ToolSearchCall)
 NATIVE_OUTPUTS = (ShellCallOutput, LocalShellCallOutput, ApplyPatchCallOutput)
 # Each kind's chat function (named as the kind) and the type of its call's item.
 _STRING_LIST = {"type": "array", "items": {"type": "string"}}
@@ -155,24 +173,53 @@ FUNCTIONS: dict[str, dict[str, Any]] = {
             "required": ["type", "path"],
         },
     },
+    "tool_search": {  # what a client's tool_search that gives no parameters is asked
+        "description": "Search the tools you can load for those that do what you need; found, they become callable.",
+        "parameters": {
+            "type": "object",
+            "properties": {"query": {"type": "string", "description": "What the tools you need do."}},
+            "required": ["query"],
+        },
+    },
 }
-ITEMS = {"shell": "shell_call", "local_shell": "local_shell_call", "apply_patch": "apply_patch_call"}
+ITEMS = {
+    "shell": "shell_call",
+    "local_shell": "local_shell_call",
+    "apply_patch": "apply_patch_call",
+    "tool_search": "tool_search_call",
+}
 NATIVE_ITEMS = frozenset(ITEMS.values())
 
 
 def client_runs(tool: Any) -> str | None:
     """The kind of a tool the client runs in its own shape; a `shell` tool in a hosted container
-    is not one (it stays a hosted tool, 8.4)."""
+    is not one (it stays a hosted tool, 8.4), nor a tool search the server is to run (8.17)."""
     if isinstance(tool, ShellTool):
         return "shell" if (tool.environment or {}).get("type") == "local" else None
     if isinstance(tool, LocalShellTool):
         return "local_shell"
+    if isinstance(tool, ToolSearchTool):
+        return "tool_search" if tool.execution == "client" else None
     return "apply_patch" if isinstance(tool, ApplyPatchTool) else None
+
+
+def function_of(kind: str, tool: Any) -> dict[str, Any]:
+    """The chat function (but its name) a client's tool of `kind` is offered as: the kind's own,
+    a tool search's with the description and parameters its client gives."""
+    function = FUNCTIONS[kind]
+    if isinstance(tool, ToolSearchTool):
+        return {
+            "description": tool.description or function["description"],
+            "parameters": tool.parameters or function["parameters"],
+        }
+    return function
 
 
 def opened(kind: str, id: str, call_id: str) -> dict[str, Any]:
     """The item of a call as the model begins it: its action known once the call is whole."""
     fields = {"id": id, "type": ITEMS[kind], "call_id": call_id, "status": "in_progress"}
+    if kind == "tool_search":
+        return {**fields, "execution": "client", "arguments": {}}
     if kind == "apply_patch":  # an operation of the SDK's type until the call's own is known
         return {**fields, "operation": {"type": "create_file", "path": "", "diff": ""}}
     return {
@@ -183,7 +230,14 @@ def opened(kind: str, id: str, call_id: str) -> dict[str, Any]:
 
 def whole(item: dict[str, Any], arguments: str, at: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     """A native call whose arguments are whole: its item's action (or operation) from them, and
-    a shell call's command events (`at`: the item's id and output index)."""
+    a shell call's command events (`at`: the item's id and output index); a tool search's
+    arguments as the JSON they are (the text, where they are none)."""
+    if item["type"] == "tool_search_call":
+        try:
+            item["arguments"] = orjson.loads(arguments)
+        except orjson.JSONDecodeError:
+            item["arguments"] = arguments
+        return []
     try:
         parsed = orjson.loads(arguments)
     except orjson.JSONDecodeError:
@@ -223,8 +277,11 @@ def _fitting(shape: type[msgspec.Struct], given: dict[str, Any], base: dict[str,
     return fitting
 
 
-def chat_call(item: ShellCall | LocalShellCall | ApplyPatchCall) -> tuple[str, str]:
+def chat_call(item: ShellCall | LocalShellCall | ApplyPatchCall | ToolSearchCall) -> tuple[str, str]:
     """A replayed native call as the chat function call it came from: its name and arguments."""
+    if isinstance(item, ToolSearchCall):
+        arguments = item.arguments
+        return "tool_search", arguments if isinstance(arguments, str) else orjson.dumps(arguments).decode()
     if isinstance(item, ApplyPatchCall):
         return "apply_patch", msgspec.json.encode(item.operation).decode()
     if isinstance(item, LocalShellCall):  # its `type`, always exec, is no argument of the function

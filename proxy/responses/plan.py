@@ -36,15 +36,18 @@ from .schema import (
     ConfigurationUpdate,
     ContentPart,
     CreateResponse,
+    CustomTool,
     CustomToolCall,
     DroppedItem,
     EncryptedContent,
     FunctionCall,
+    FunctionTool,
     HostedTool,
     HostedToolChoice,
     InputImage,
     InputText,
     Message,
+    NamespaceTool,
     OutputText,
     Reasoning,
     ReasoningConfig,
@@ -58,6 +61,7 @@ from .schema import (
     ToolChoiceCustom,
     ToolChoiceFunction,
     ToolOutput,
+    ToolSearchOutput,
     offered_tools,
 )
 from .sealing import Sealer
@@ -408,6 +412,8 @@ class _Conversation:
             self._tool_call(item.call_id, table.typed(kind) or kind, arguments)
         elif isinstance(item, NATIVE_OUTPUTS):
             self._output(*chat_output(item))
+        elif isinstance(item, ToolSearchOutput):
+            self._output(item.call_id, self._loaded(item.tools))
         elif isinstance(item, McpCall):
             self._tool_call(item.id, table.server_chat_name(item.server_label, item.name), item.arguments)
             self._add({"role": "tool", "tool_call_id": item.id, "content": mcp_tool_message(item.output, item.error)})
@@ -418,6 +424,19 @@ class _Conversation:
             self._add({"role": "tool", "tool_call_id": item.approval_request_id, "content": answer}, tool=True)
         elif isinstance(item, DroppedItem):
             self._ignored.append(f"input:{item.kind}")
+
+    def _loaded(self, tools: list[Tool]) -> str:
+        """What the model reads of its tool search's result: the functions it can call now,
+        by the names it is offered them under (design.md 8.17)."""
+        table, names = self._table, []
+        for tool in tools:
+            if isinstance(tool, NamespaceTool):
+                names += [table.chat_name(member.name, tool.name) for member in tool.tools]
+            elif isinstance(tool, FunctionTool | CustomTool):
+                names.append(table.chat_name(tool.name, None))
+            elif isinstance(tool, McpTool):
+                names += [name for (label, _), name in table.server_tools() if label == tool.server_label]
+        return f"Tools loaded, now callable: {', '.join(names)}." if names else "No tools found."
 
     def _agent_message(self, item: AgentMessage) -> None:
         """Another agent's message, as the user's turn it is to this model, naming its author

@@ -27,6 +27,8 @@ from .native import (
     ShellTool,
     ToolChoiceApplyPatch,
     ToolChoiceShell,
+    ToolSearchCall,
+    ToolSearchTool,
 )
 
 # The `include` values of the Responses spec. The logprobs one turns scores on (design.md 3.1)
@@ -49,7 +51,6 @@ INCLUDE_ENCRYPTED_REASONING = "reasoning.encrypted_content"
 NO_CHAT_FORM = frozenset({
     "file_search_call", "web_search_call", "computer_call", "computer_call_output",
     "image_generation_call", "code_interpreter_call",
-    "tool_search_call", "tool_search_output",
     "program", "program_output", "ghost_snapshot", "multi_agent_call", "multi_agent_call_output",
 })  # fmt: skip
 # Codex's other names of a `compaction` item: older, and its context compaction's.
@@ -57,7 +58,9 @@ _COMPACTION_NAMES = ("compaction_summary", "context_compaction")
 # Tools the model calls and the client runs; of the others, the proxy runs `mcp` (design.md
 # 14), and every other type is OpenAI's servers' (or an operator's MCP tool, 14.6).
 CLIENT_TOOLS = frozenset({"function", "custom", "namespace"})
-_READ_TOOLS = CLIENT_TOOLS | {"mcp", "shell", "local_shell", "apply_patch"}  # the last three: 8.13
+_READ_TOOLS = CLIENT_TOOLS | {"mcp", "shell", "local_shell", "apply_patch", "tool_search"}  # 8.13, 8.17
+# A tool search's items: read where its client ran it; OpenAI's own (`execution: server`) dropped.
+_SEARCH_ITEMS = ("tool_search_call", "tool_search_output")
 # The tag that stands in for what a request names but the proxy drops (hosted tools, items
 # with no chat form), so that msgspec still reports later entries at their own index.
 _DROPPED = "dropped"
@@ -173,6 +176,14 @@ class AdditionalTools(_Tagged, tag="additional_tools"):
     tools: list[Tool] = []
 
 
+class ToolSearchOutput(_Tagged, tag="tool_search_output"):
+    """What the client's tool search found (design.md 8.17): the tools it loads, offered from
+    this point of the conversation on; the tool message of its call."""
+
+    call_id: CallId
+    tools: list[Tool] = []
+
+
 class ConfigurationReasoning(msgspec.Struct):
     # Left out: the effort goes on as it was; null: back to the request's own (design.md 8.2).
     effort: str | msgspec.UnsetType | None = msgspec.UNSET
@@ -221,6 +232,8 @@ InputItem = (
     | Compaction
     | CompactionTrigger
     | AdditionalTools
+    | ToolSearchCall
+    | ToolSearchOutput
     | ConfigurationUpdate
     | AgentMessage
     | McpListTools
@@ -237,9 +250,14 @@ InputItem = (
 )
 
 
-ToolCall = FunctionCall | CustomToolCall | ShellCall | LocalShellCall | ApplyPatchCall
+ToolCall = FunctionCall | CustomToolCall | ShellCall | LocalShellCall | ApplyPatchCall | ToolSearchCall
 ToolCallOutput = (
-    FunctionCallOutput | CustomToolCallOutput | ShellCallOutput | LocalShellCallOutput | ApplyPatchCallOutput
+    FunctionCallOutput
+    | CustomToolCallOutput
+    | ShellCallOutput
+    | LocalShellCallOutput
+    | ApplyPatchCallOutput
+    | ToolSearchOutput
 )
 # The calls each output answers: its own kind's, and Codex's `function_call_output` answers its
 # `local_shell_call` too (design.md 8.2).
@@ -249,8 +267,9 @@ ANSWERS: dict[type[ToolCallOutput], tuple[type[ToolCall], ...]] = {
     ShellCallOutput: (ShellCall,),
     LocalShellCallOutput: (LocalShellCall,),
     ApplyPatchCallOutput: (ApplyPatchCall,),
+    ToolSearchOutput: (ToolSearchCall,),
 }
-TOOL_CALLS = (FunctionCall, CustomToolCall, ShellCall, LocalShellCall, ApplyPatchCall)
+TOOL_CALLS = (FunctionCall, CustomToolCall, ShellCall, LocalShellCall, ApplyPatchCall, ToolSearchCall)
 TOOL_OUTPUTS = tuple(ANSWERS)
 
 
@@ -264,12 +283,14 @@ class FunctionTool(_Tagged, tag="function"):
     parameters: dict[str, Any] | None = None
     description: str | None = None
     strict: bool | None = None
+    defer_loading: bool | None = None  # offered once a tool search loads it (design.md 8.17)
 
 
 class CustomTool(_Tagged, tag="custom"):
     name: FunctionName
     description: str | None = None
     format: dict[str, Any] | None = None  # {"type": "text"} or {"type": "grammar", "syntax", "definition"}
+    defer_loading: bool | None = None
 
 
 class NamespaceTool(_Tagged, tag="namespace"):
@@ -283,7 +304,32 @@ class HostedTool(_Tagged, tag=_DROPPED):
     sent: dict[str, Any] = {}  # as the request sent it: repeated where the operator answers it (14.8)
 
 
-Tool = FunctionTool | CustomTool | NamespaceTool | McpTool | ShellTool | LocalShellTool | ApplyPatchTool | HostedTool
+Tool = (
+    FunctionTool
+    | CustomTool
+    | NamespaceTool
+    | McpTool
+    | ShellTool
+    | LocalShellTool
+    | ApplyPatchTool
+    | ToolSearchTool
+    | HostedTool
+)
+
+
+def deferred(tool: Tool) -> bool:
+    """Whether a tool waits for a tool search to load it (design.md 8.17): a namespace, when all
+    its members do."""
+    if isinstance(tool, NamespaceTool):
+        return bool(tool.tools) and all(member.defer_loading for member in tool.tools)
+    return bool(getattr(tool, "defer_loading", None))
+
+
+def loaded(tool: Tool) -> Tool:
+    """A tool as a tool search loaded it: offered, whatever its `defer_loading` said."""
+    if isinstance(tool, NamespaceTool):
+        return msgspec.structs.replace(tool, tools=[loaded(member) for member in tool.tools])
+    return msgspec.structs.replace(tool, defer_loading=False) if deferred(tool) else tool
 
 
 class ToolChoiceFunction(_Tagged, tag="function"):
@@ -530,20 +576,27 @@ def _prepared(items: list[Any], sent_as: str | None) -> list[Any]:
             item = {**item, "type": "compaction"}
         elif kind == "context_compaction":  # a marker with no summary
             item = {"type": _DROPPED, "kind": kind}
-        if kind == "additional_tools" and isinstance(item.get("tools"), list):
+        if kind in _SEARCH_ITEMS and item.get("execution") == "server":
+            item = {"type": _DROPPED, "kind": kind}
+        elif kind in ("additional_tools", "tool_search_output") and isinstance(item.get("tools"), list):
             item = {**item, "tools": [_stand_in(tool, _hosted) for tool in item["tools"]]}
         prepared.append(_stand_in(item, NO_CHAT_FORM.__contains__))
     return prepared
 
 
 def offered_tools(request: CreateResponse) -> list[Tool]:
-    """The request's tools and those its `additional_tools` items add, in that order."""
+    """The request's tools and those its `additional_tools` items add, in that order, then those
+    its `tool_search_output` items loaded (design.md 8.17), offered whatever their
+    `defer_loading` says; a deferred tool no search loaded stays in the list, for the echo, and
+    is offered to no model (`tools.ToolTable`)."""
     tools = list(request.tools or ())
-    if isinstance(request.input, list):
-        for item in request.input:
-            if isinstance(item, AdditionalTools):
-                tools += item.tools
-    return tools
+    found: list[Tool] = []
+    for item in request.items():
+        if isinstance(item, AdditionalTools):
+            tools += item.tools
+        elif isinstance(item, ToolSearchOutput):
+            found += [loaded(tool) for tool in item.tools]
+    return [*tools, *found]
 
 
 def _hosted(kind: str) -> bool:
@@ -607,6 +660,7 @@ def _refuse_unsupported(request: CreateResponse) -> None:
         )
     if request.stream_options is not None and not request.stream:
         raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
+    _check_deferral(request)
     choice = request.tool_choice
     declared = set().union(*map(_declared, offered_tools(request)))
     if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom) and (choice.namespace, choice.name) not in declared:
@@ -643,6 +697,38 @@ def _refuse_unsupported(request: CreateResponse) -> None:
                     f"tool_choice.tools[{index}] names the tool '{entry.get('name')}', which is not in 'tools'.",
                     param=f"tool_choice.tools[{index}].name",
                 )
+
+
+def _check_deferral(request: CreateResponse) -> None:
+    """Deferred tools and the search that loads them go together, as OpenAI has them (design.md
+    8.17): one without the other is a 400 naming `tools`; a search the server is to run, which
+    this proxy does not (yet), a 400 naming its `execution`."""
+    given = [(f"tools[{index}]", tool) for index, tool in enumerate(request.tools or ())]
+    for at, item in enumerate(request.input if isinstance(request.input, list) else ()):
+        if isinstance(item, AdditionalTools):
+            given += [(f"input[{at}].tools[{index}]", tool) for index, tool in enumerate(item.tools)]
+    searches = [(where, tool) for where, tool in given if isinstance(tool, ToolSearchTool)]
+    for where, search in searches:
+        if search.execution != "client":
+            raise InvalidRequest(
+                "A tool search run by the server is not supported by this proxy: give it `execution: client` "
+                "and run the search in the client.",
+                param=f"{where}.execution",
+                code="unsupported_parameter",
+            )
+    some_deferred = any(deferred(tool) or _defers_a_member(tool) for _, tool in given)
+    if some_deferred and not searches:
+        raise InvalidRequest(
+            "Invalid Value: 'tools.defer_loading'. Deferred tools require tools.tool_search.", param="tools"
+        )
+    if searches and not some_deferred:
+        raise InvalidRequest(
+            "Invalid Value: 'tools.tool_search'. tools.tool_search requires at least one deferred tool.", param="tools"
+        )
+
+
+def _defers_a_member(tool: Tool) -> bool:
+    return isinstance(tool, NamespaceTool) and any(member.defer_loading for member in tool.tools)
 
 
 def _declared(tool: Tool) -> set[tuple[str | None, str]]:

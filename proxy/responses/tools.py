@@ -22,9 +22,9 @@ from typing import Any
 import orjson
 
 from .mcp import BUILTIN_FUNCTIONS, BUILTIN_KINDS, Builtin, McpTool, needs_approval
-from .native import FUNCTIONS as NATIVE_FUNCTIONS
 from .native import client_runs
-from .schema import CustomTool, FunctionTool, HostedTool, NamespaceTool, Tool
+from .native import function_of as native_function
+from .schema import CustomTool, FunctionTool, HostedTool, NamespaceTool, Tool, deferred
 
 _INVALID = re.compile(r"[^a-zA-Z0-9_-]")
 _MAX_NAME = 64
@@ -72,16 +72,18 @@ class ToolTable:
         members: list[tuple[str | None, FunctionTool | CustomTool, str | None]] = []
         remote: list[tuple[McpTool, dict[str, Any]]] = []
         mapped: dict[str, Builtin] = {}
-        natives: list[str] = []
+        natives: dict[str, dict[str, Any]] = {}  # by kind: its function, the first tool's
         for tool in tools:
+            if deferred(tool):  # offered once a tool search loads it (design.md 8.17)
+                continue
             if isinstance(tool, NamespaceTool):
-                members += [(tool.name, member, tool.description) for member in tool.tools]
+                members += [(tool.name, member, tool.description) for member in tool.tools if not deferred(member)]
             elif isinstance(tool, FunctionTool | CustomTool):
                 members.append((None, tool, None))
             elif isinstance(tool, McpTool):
                 remote += [(tool, listed) for listed in (servers or {}).get(tool.server_label, ())]
-            elif client_runs(tool) is not None:
-                natives.append(client_runs(tool) or "")
+            elif (kind := client_runs(tool)) is not None:
+                natives.setdefault(kind, native_function(kind, tool))
             elif isinstance(tool, HostedTool) and BUILTIN_KINDS.get(tool.kind) in (builtins or {}):
                 builtin = (builtins or {})[BUILTIN_KINDS[tool.kind]]
                 mapped[builtin.kind] = builtin
@@ -110,11 +112,11 @@ class ToolTable:
             parameters = listed.get("input_schema") or {"type": "object", "properties": {}}
             function = {"name": chat_name, "description": description, "parameters": parameters}
             self.functions.append({"type": "function", "function": function})
-        for kind in dict.fromkeys(natives):
+        for kind, function in natives.items():
             chat_name = kind if kind not in taken else _namespaced_name("client", kind, taken)
             taken.add(chat_name)
             self._by_chat_name[chat_name] = ToolRef(kind, native=kind)
-            self.functions.append({"type": "function", "function": {"name": chat_name, **NATIVE_FUNCTIONS[kind]}})
+            self.functions.append({"type": "function", "function": {"name": chat_name, **function}})
         for kind, builtin in mapped.items():
             chat_name = kind if kind not in taken else _namespaced_name(builtin.server_label, kind, taken)
             taken.add(chat_name)

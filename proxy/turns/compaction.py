@@ -13,8 +13,9 @@ import msgspec
 from ..errors import InvalidRequest
 from ..responses import compaction
 from ..responses.lifecycle import completed, new_id, response_id
+from ..responses.native import ToolSearchCall
 from ..responses.plan import plan_call
-from ..responses.schema import ConfigurationUpdate, Message, parse_items
+from ..responses.schema import ConfigurationUpdate, Message, ToolSearchOutput, parse_items
 from ..responses.translate import ResponseTranslator
 from .turn import Turn, translation_settings
 
@@ -39,7 +40,7 @@ async def compact(turn: Turn) -> dict[str, Any]:
     kept = [
         _kept(item)
         for item in past
-        if isinstance(item, ConfigurationUpdate) or (isinstance(item, Message) and item.role == "user")
+        if isinstance(item, compaction.KEPT) or (isinstance(item, Message) and item.role == "user")
     ]
     item = compaction.compaction_item(summary, turn.runtime.sealer, new_id)
     return compaction.compacted(kept, item, new_id("resp"), int(time.time()), usage)
@@ -92,11 +93,11 @@ def _with_output(turn: Turn, output: list[dict[str, Any]]) -> list[dict[str, Any
     return messages
 
 
-def _kept(message: Message | ConfigurationUpdate) -> dict[str, Any]:
-    """A user message as the compacted output lists it: typed, its text in parts; a
-    configuration update as it was, its settings applying on (design.md 8.2)."""
-    if isinstance(message, ConfigurationUpdate):
-        return {"id": new_id("cu"), **msgspec.to_builtins(message)}
+def _kept(message: Message | ConfigurationUpdate | ToolSearchCall | ToolSearchOutput) -> dict[str, Any]:
+    """A user message as the compacted output lists it: typed, its text in parts; another item
+    it keeps as it was (`compaction.KEPT`)."""
+    if not isinstance(message, Message):
+        return compaction.kept_item(message, new_id)
     content = message.content
     parts = [{"type": "input_text", "text": content}] if isinstance(content, str) else msgspec.to_builtins(content)
     return {"id": new_id("msg"), "type": "message", "role": "user", "content": parts}

@@ -217,11 +217,11 @@ def test_replayed_custom_tool_calls_and_outputs() -> None:
 
 
 def test_hosted_tools_are_dropped_by_default() -> None:
-    tools = [WEATHER, web_search(), {"type": "tool_search", "execution": "client"}, {"type": "image_generation"}]
+    tools = [WEATHER, web_search(), {"type": "image_generation"}]
     call = plan({"input": "hi", "tools": tools, "tool_choice": {"type": "web_search"}})
     assert function_names(call.chat) == ["weather"]
     assert "tool_choice" not in call.chat
-    assert call.ignored == ("tool:web_search", "tool:tool_search", "tool:image_generation", "tool_choice:web_search")
+    assert call.ignored == ("tool:web_search", "tool:image_generation", "tool_choice:web_search")
     assert [tool["name"] for tool in call.echo["tools"]] == ["weather"]
     assert call.echo["tool_choice"] == "auto"
 

@@ -1,0 +1,158 @@
+"""Deferred tools and the client's tool search (design.md 8.17) through the real proxy, the openai
+SDK as the client (its own types checking every answer and event): a deferred tool is offered to
+no model until the client's `tool_search_output` loads it, then in every turn whose history holds
+it (a stored chain, a WebSocket's chain, a conversation, a compacted history); the model's search
+comes back as a `tool_search_call` that ends the Response for the client."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import aiohttp
+import openai
+import pytest
+from openai.types.responses import ResponseToolSearchCall
+
+from tests.client import SDK_EVENT, envelope, validate_event
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
+from tests.test_websocket import one_turn
+
+WEATHER = {"type": "function", "name": "weather", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}
+LOOKUP = {"type": "function", "name": "lookup", "description": "Find a customer.", "parameters": {"type": "object", "properties": {"email": {"type": "string"}}}, "defer_loading": True}
+CRM = {"type": "namespace", "name": "crm", "description": "The customer records.", "tools": [LOOKUP]}
+SEARCH_PARAMETERS = {"type": "object", "properties": {"query": {"type": "string"}, "limit": {"type": "integer"}}, "required": ["query"]}
+SEARCH = {"type": "tool_search", "execution": "client", "description": "Find deferred tools by what they do.", "parameters": SEARCH_PARAMETERS}
+TOOLS = [WEATHER, CRM, SEARCH]
+FOUND = {"type": "namespace", "name": "crm", "description": "The customer records.", "tools": [LOOKUP]}  # as Codex sends it back
+
+
+def searching(arguments: str = '{"query": "customer records", "limit": 3}') -> Generation:
+    return Generation([Step("tool", arguments, tool_id="call_s1", tool_name="tool_search"), Step("finish", finish_reason="tool_calls")])
+
+
+def calling_lookup() -> Generation:
+    return Generation([Step("tool", '{"email": "a@b.c"}', tool_id="call_l1", tool_name="crm__lookup"), Step("finish", finish_reason="tool_calls")])
+
+
+ANSWER = Generation([Step("text", "Done."), Step("finish", finish_reason="stop")])
+
+
+def offered(request: dict[str, Any]) -> set[str]:
+    return {tool["function"]["name"] for tool in request.get("tools", [])}
+
+
+def loaded_by(call_id: str) -> dict[str, Any]:
+    return {"type": "tool_search_output", "call_id": call_id, "execution": "client", "status": "completed", "tools": [FOUND]}
+
+
+async def test_a_deferred_tool_is_offered_once_the_clients_search_loads_it(upstream: FakeUpstream, sdk: openai.AsyncOpenAI) -> None:
+    upstream.script(Reply(searching()), Reply(calling_lookup()), Reply(ANSWER))
+    first = await sdk.responses.create(model="m", input="Look up a@b.c", tools=TOOLS)  # type: ignore[arg-type]
+    asked = upstream.requests[-1]
+    assert offered(asked) == {"weather", "tool_search"}  # the deferred one is not offered
+    search = next(tool["function"] for tool in asked["tools"] if tool["function"]["name"] == "tool_search")
+    assert search == {"name": "tool_search", "description": SEARCH["description"], "parameters": SEARCH_PARAMETERS}
+    # The model's search: the client's to run, which ends the Response for it.
+    (call,) = first.output
+    assert isinstance(call, ResponseToolSearchCall)
+    assert (call.execution, call.call_id, call.arguments, call.status) == ("client", "call_s1", {"query": "customer records", "limit": 3}, "completed")
+    assert first.status == "completed"
+    assert [tool["type"] for tool in first.model_dump()["tools"]] == ["function", "namespace", "tool_search"]  # echoed as sent
+
+    second = await sdk.responses.create(model="m", previous_response_id=first.id, input=[loaded_by("call_s1")], tools=TOOLS)  # type: ignore[list-item, arg-type]
+    asked = upstream.requests[-1]
+    assert offered(asked) == {"weather", "tool_search", "crm__lookup"}
+    assert asked["messages"][-2:] == [
+        {"role": "assistant", "tool_calls": [{"id": "call_s1", "type": "function", "function": {"name": "tool_search", "arguments": '{"query":"customer records","limit":3}'}}]},
+        {"role": "tool", "tool_call_id": "call_s1", "content": "Tools loaded, now callable: crm__lookup."},
+    ]
+    (lookup,) = second.output
+    assert (lookup.type, lookup.name, lookup.namespace) == ("function_call", "lookup", "crm")  # type: ignore[union-attr]
+
+    # A later turn of the chain replays the search: the tool stays offered.
+    await sdk.responses.create(model="m", previous_response_id=second.id, input=[{"type": "function_call_output", "call_id": "call_l1", "output": "Ana"}], tools=TOOLS)  # type: ignore[list-item, arg-type]
+    assert offered(upstream.requests[-1]) == {"weather", "tool_search", "crm__lookup"}
+
+
+async def test_the_search_call_streams_as_the_sdk_types_it(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
+    upstream.script(Reply(searching('not json')))
+    async with http.post(f"{proxy}/v1/responses", json={"model": "m", "input": "hi", "tools": TOOLS, "stream": True}) as answer:
+        raw = await answer.read()
+    from tests.client import parse_sse
+
+    events = parse_sse(raw)
+    for event in events:
+        validate_event(event)
+    added = [event["item"] for event in events if event["type"] == "response.output_item.added"]
+    done = [event["item"] for event in events if event["type"] == "response.output_item.done"]
+    assert [item["type"] for item in added] == [item["type"] for item in done] == ["tool_search_call"]
+    assert done[0]["arguments"] == "not json" and done[0]["execution"] == "client"  # the text, where no JSON
+    assert events[-1]["type"] == "response.completed"
+
+
+async def test_a_websocket_chain_and_a_conversation_keep_the_loaded_tools(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, sdk: openai.AsyncOpenAI) -> None:
+    upstream.script(Reply(searching()), Reply(ANSWER), Reply(ANSWER))
+    async with http.ws_connect(f"{proxy}/v1/responses") as socket:
+        first = await one_turn(socket, {"type": "response.create", "model": "m", "store": False, "input": "hi", "tools": TOOLS})
+        for event in first:
+            SDK_EVENT.validate_python(event)
+        second = await one_turn(socket, {"type": "response.create", "model": "m", "store": False, "tools": TOOLS, "previous_response_id": first[-1]["response"]["id"], "input": [loaded_by("call_s1")]})
+        assert second[-1]["type"] == "response.completed"
+        assert offered(upstream.requests[-1]) == {"weather", "tool_search", "crm__lookup"}
+        third = await one_turn(socket, {"type": "response.create", "model": "m", "store": False, "tools": TOOLS, "previous_response_id": second[-1]["response"]["id"], "input": "again"})
+        assert third[-1]["type"] == "response.completed"
+    assert offered(upstream.requests[-1]) == {"weather", "tool_search", "crm__lookup"}
+
+    upstream.script(Reply(searching()), Reply(ANSWER), Reply(ANSWER))
+    conversation = await sdk.conversations.create()
+    await sdk.responses.create(model="m", conversation=conversation.id, input="hi", tools=TOOLS)  # type: ignore[arg-type]
+    await sdk.responses.create(model="m", conversation=conversation.id, input=[loaded_by("call_s1")], tools=TOOLS)  # type: ignore[list-item, arg-type]
+    await sdk.responses.create(model="m", conversation=conversation.id, input="again", tools=TOOLS)  # type: ignore[arg-type]
+    assert offered(upstream.requests[-1]) == {"weather", "tool_search", "crm__lookup"}
+    types = [item.type async for item in sdk.conversations.items.list(conversation.id, order="asc")]
+    assert "tool_search_call" in types and "tool_search_output" in types
+
+
+async def test_a_compacted_history_keeps_the_loaded_tools(upstream: FakeUpstream, sdk: openai.AsyncOpenAI) -> None:
+    summary = Generation([Step("text", "The user looked up a customer."), Step("finish", finish_reason="stop")])
+    upstream.script(Reply(summary), Reply(ANSWER))
+    history = [
+        {"role": "user", "content": "Look up a@b.c"},
+        {"type": "tool_search_call", "call_id": "call_s1", "execution": "client", "arguments": {"query": "customers"}},
+        loaded_by("call_s1"),
+    ]
+    async with openai.AsyncOpenAI(base_url=str(sdk.base_url), api_key="unused", max_retries=0) as unchecked:
+        compacted = await unchecked.responses.compact(model="m", input=history, extra_body={"tools": TOOLS})  # type: ignore[arg-type]
+    output = [entry.model_dump(exclude_none=True) for entry in compacted.output]
+    assert [entry["type"] for entry in output] == ["message", "tool_search_call", "tool_search_output", "compaction"]
+    await sdk.responses.create(model="m", input=[*output, {"role": "user", "content": "And now?"}], tools=TOOLS)  # type: ignore[list-item, arg-type]
+    assert offered(upstream.requests[-1]) == {"weather", "tool_search", "crm__lookup"}
+
+
+@pytest.mark.parametrize(
+    ("tools", "param", "says"),
+    [
+        pytest.param([WEATHER, CRM], "tools", "Deferred tools require tools.tool_search", id="deferred-without-search"),
+        pytest.param([WEATHER, SEARCH], "tools", "requires at least one deferred tool", id="search-without-deferred"),
+        pytest.param([CRM, {"type": "tool_search"}], "tools[1].execution", "run by the server", id="server-search"),
+        pytest.param([CRM, {**SEARCH, "execution": "server"}], "tools[1].execution", "run by the server", id="server-search-named"),
+    ],
+)
+async def test_a_deferral_that_cannot_be_honoured_is_a_400(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, tools: list[Any], param: str, says: str) -> None:
+    async with http.post(f"{proxy}/v1/responses", json={"model": "m", "input": "hi", "tools": tools}) as answer:
+        assert answer.status == 400
+        error = envelope(await answer.json())
+    assert error["param"] == param and says in error["message"]
+    assert upstream.requests == []
+
+
+async def test_openais_own_search_items_in_a_history_are_dropped(upstream: FakeUpstream, sdk: openai.AsyncOpenAI) -> None:
+    upstream.script(Reply(ANSWER))
+    history = [
+        {"role": "user", "content": "hi"},
+        {"type": "tool_search_call", "id": "tsc_1", "execution": "server", "arguments": {"query": "x"}, "status": "completed"},
+        {"type": "tool_search_output", "id": "tso_1", "execution": "server", "status": "completed", "tools": [FOUND]},
+    ]
+    await sdk.responses.create(model="m", input=[*history, {"role": "user", "content": "go on"}], tools=[WEATHER])  # type: ignore[list-item, arg-type]
+    asked = upstream.requests[-1]
+    assert [message["role"] for message in asked["messages"]] == ["user", "user"] and offered(asked) == {"weather"}
