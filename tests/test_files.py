@@ -66,7 +66,7 @@ async def test_the_sdk_uploads_a_file_that_a_request_reads_by_its_id(upstream: F
     async with client(url) as sdk, client(url, "sk-b") as other:
         made = await sdk.files.create(file=("report.pdf", REPORT, "application/pdf"), purpose="user_data")
         assert (made.filename, made.bytes, made.purpose, made.status) == ("report.pdf", len(REPORT), "user_data", "processed")
-        second = await sdk.files.create(file=("notes.txt", "Call Ana at 10.\n".encode(), "text/plain"), purpose="user_data")
+        second = await sdk.files.create(file=("notes.txt", b"Call Ana at 10.\n", "text/plain"), purpose="user_data")
         assert [file.id async for file in sdk.files.list()] == [second.id, made.id]  # newest first
         assert (await sdk.files.retrieve(made.id)).model_dump() == made.model_dump()
         assert (await sdk.files.content(made.id)).content == REPORT
