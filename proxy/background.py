@@ -16,32 +16,33 @@ import os
 import socket
 import uuid
 from collections import Counter
-from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import msgspec
 import orjson
 
 from .config import Background
-from .errors import ProxyError, ServerShuttingDown, StoreUnavailable, TooManyRequests
-from .relay import Sink
+from .errors import ProxyError, StoreUnavailable, TooManyRequests
 from .responses.lifecycle import failed_ending, is_terminal
 from .responses.translate import ResponseTranslator
+from .sink import Client, Sink
 from .store import CapReached, Fenced, ResponseStore, Runs, StoredResponse
 
 log = logging.getLogger("proxy.background")
 
-AsStored = Callable[[dict[str, Any]], StoredResponse]  # a Response as it is kept
+Record = Callable[[dict[str, Any]], StoredResponse]  # a Response as it is kept
 
 
-@dataclass(frozen=True, slots=True)
-class Calls:
-    """What a run calls: its rounds, driven into the sink it is given (the turn layer's loop,
-    design.md 2.3), and its turn's end (its conversation, 9.7), given the response if it ended."""
+class Run(Protocol):
+    """A planned turn as a background run drives it (the turn layer's, design.md 2.3): its
+    Response's translator, and the Response run whole into the sink it is given, its end (its
+    conversation, 9.7) its own."""
 
-    drive: Callable[[Sink], Awaitable[None]]
-    ended: Callable[[dict[str, Any] | None], Awaitable[None]]
+    @property
+    def translator(self) -> ResponseTranslator: ...
+
+    async def run(self, sink: Sink) -> object: ...
 
 
 def _stop(run: asyncio.Task[None]) -> None:
@@ -55,29 +56,27 @@ class BackgroundRuns:
     """This process's runs, and its share of watching every replica's leases."""
 
     def __init__(self, store: ResponseStore, settings: Background) -> None:
-        self._store = store
-        self._settings = settings
+        self.store = store
+        self.settings = settings
         # Named in the log of a run taken over from a holder that died; each lease's fencing
         # token begins with it (design.md 10.4).
         self.holder = f"{socket.gethostname()}/{os.getpid()}/{uuid.uuid4().hex[:8]}"
         self._runs: dict[str, asyncio.Task[None]] = {}
         self._followers: Counter[str] = Counter()  # streams following a run here, by key
-        self._stopping = False
+        self.stopping = False  # SIGTERM: a run cancelled now fails, for another replica to retry
         self.sweeper = asyncio.create_task(self._sweep())  # lives as long as the process
 
-    async def start(
-        self, translator: ResponseTranslator, as_stored: AsStored, owner: str, calls: Calls
-    ) -> dict[str, Any]:
+    async def start(self, run: Run, record: Record, owner: str) -> dict[str, Any]:
         """Take the lease within the caps (in all, and for this key: design.md 10.5), keep the
         queued response, run it; the queued response."""
-        queued = translator.progress()
+        queued = run.translator.progress()
         id = queued["id"]
-        limits = self._settings
+        limits = self.settings
         # Without API keys every request is nobody's (owner ""): only the cap of all counts.
         per_key = limits.max_running_per_key if owner else limits.max_running
         token = self._token()
         try:
-            await self._store.claim(id, owner, token, limits.lease, Runs(limits.max_running, per_key))
+            await self.store.claim(id, owner, token, limits.lease, Runs(limits.max_running, per_key))
         except CapReached as reached:
             found = reached.running
             running = (
@@ -88,12 +87,12 @@ class BackgroundRuns:
             )
             raise TooManyRequests(f"{running}; wait for one to end.") from None
         try:
-            await self._store.put(as_stored(queued), fence=token)
+            await self.store.put(record(queued), fence=token)
         except BaseException:  # the store failed, or the request was cancelled meanwhile
             with contextlib.suppress(StoreUnavailable):
-                await self._store.release(id, token)
+                await self.store.release(id, token)
             raise
-        self._runs[id] = asyncio.create_task(self._run(id, token, translator, as_stored, calls))
+        self._runs[id] = asyncio.create_task(self._run(id, token, run, record))
         self._runs[id].add_done_callback(lambda _: self._runs.pop(id, None))
         return queued
 
@@ -101,7 +100,7 @@ class BackgroundRuns:
     def following(self, owner: str) -> Iterator[None]:
         """A stream that follows a run for `owner`, while it lasts; past the key's cap, a 429
         (design.md 9.8). Without API keys every request is nobody's, and none is counted."""
-        limit = self._settings.max_followers_per_key
+        limit = self.settings.max_followers_per_key
         if not owner:
             yield
             return
@@ -117,7 +116,7 @@ class BackgroundRuns:
 
     async def cancel(self, id: str) -> None:
         """Ask the run to stop: at once when it runs here, at its next renewal elsewhere."""
-        await self._store.cancel(id)
+        await self.store.cancel(id)
         run = self._runs.get(id)
         if run is not None:
             _stop(run)
@@ -125,7 +124,7 @@ class BackgroundRuns:
     async def stop(self, linger: float) -> None:
         """SIGTERM, after the drain (whose end failed the runs that outlived it): the runs
         still waiting for an upstream end failed too, within `linger` seconds."""
-        self._stopping = True
+        self.stopping = True
         self.sweeper.cancel()
         for task in self._runs.values():
             _stop(task)
@@ -136,42 +135,31 @@ class BackgroundRuns:
         """A lease's fencing token: this process's, and this claim's or takeover's own."""
         return f"{self.holder}/{uuid.uuid4().hex[:8]}"
 
-    async def _run(
-        self, id: str, token: str, translator: ResponseTranslator, as_stored: AsStored, calls: Calls
-    ) -> None:
-        run = asyncio.current_task()
-        assert run is not None
-        events = _EventLog(self._store, id, token, translator, as_stored, self._settings.snapshot_interval, run)
-        keeper = asyncio.create_task(self._keep_lease(id, token, run))
+    async def _run(self, id: str, token: str, run: Run, record: Record) -> None:
+        """The turn run into its event log, which a cancel (a client's, this process stopping,
+        another replica taking it over) ends as the log's `client` says; the lease let go once
+        the whole run is kept."""
+        task = asyncio.current_task()
+        assert task is not None
+        events = _EventLog(self, id, token, run.translator, record, task)
+        keeper = asyncio.create_task(self._keep_lease(id, token, task))
         try:
-            await events.write(translator.start())
-            await calls.drive(events)
-        except ProxyError as error:  # the upstream refused, or could not be reached
-            await events.write(translator.fail(error))
-        except asyncio.CancelledError:
-            # Leaving the upstream request stopped the generation; what it made is kept.
-            stopped = ServerShuttingDown("The proxy stopped before the response ended.")
-            await events.write(translator.fail(stopped) if self._stopping else translator.cancel())
+            await run.run(events)
         finally:
             keeper.cancel()
             # A run whose end the store could not take keeps its lease until it lapses: then
             # 10.4 ends it, instead of leaving its followers waiting for an event never kept.
-            if await events.close(self._settings.lease):
+            if await events.close(self.settings.lease):
                 with contextlib.suppress(StoreUnavailable):
-                    await self._store.release(id, token)
-            try:
-                # A run taken over was ended by its taker: its own end is not the response's.
-                await calls.ended(None if events.fenced else translator.response)
-            except ProxyError as error:  # the response is kept; its conversation did not take it
-                log.error("background response %s was not added to its conversation: %s", id, error.message)
+                    await self.store.release(id, token)
 
     async def _keep_lease(self, id: str, token: str, run: asyncio.Task[None]) -> None:
         """Renew the lease; stop the run when a client cancels it or the lease went to
         another replica (this one was taken for dead)."""
         while True:
-            await asyncio.sleep(self._settings.lease / 3)
+            await asyncio.sleep(self.settings.lease / 3)
             try:
-                renewal = await self._store.renew(id, token, self._settings.lease)
+                renewal = await self.store.renew(id, token, self.settings.lease)
             except StoreUnavailable:
                 continue  # the store logs it; the lease may yet be renewed in time
             if renewal.cancel or not renewal.held:
@@ -181,26 +169,26 @@ class BackgroundRuns:
     async def _sweep(self) -> None:
         """Every half lease, end the runs whose holder stopped renewing (design.md 10.4)."""
         while True:
-            await asyncio.sleep(self._settings.lease / 2)
+            await asyncio.sleep(self.settings.lease / 2)
             with contextlib.suppress(StoreUnavailable):
-                for id, owner in await self._store.expired():
+                for id, owner in await self.store.expired():
                     await self.end_if_lost(id, owner)
 
     async def end_if_lost(self, id: str, owner: str) -> bool:
         """If the run's lease expired, take it over and end it failed; whether it did."""
         token = self._token()
-        if not await self._store.take(id, token, self._settings.lease):
+        if not await self.store.take(id, token, self.settings.lease):
             return False
         try:
-            kept = await self._store.get(id, owner)
-            made = await self._store.events(id, -1, 0)
+            kept = await self.store.get(id, owner)
+            made = await self.store.events(id, -1, 0)
             if kept is not None and not (made and is_terminal(made[-1][1])):
                 await self._fail_lost(kept, made[-1][0] if made else -1, token)
         except Fenced:  # taken for dead in turn, by a replica that ends it
             pass
         # Not let go on a failure: its ending may be half kept (the Response failed, not yet its
         # last event), and the lease, lapsed, lets a later sweep end it whole.
-        await self._store.release(id, token)
+        await self.store.release(id, token)
         return True
 
     async def _fail_lost(self, kept: StoredResponse, last: int, token: str) -> None:
@@ -209,35 +197,36 @@ class BackgroundRuns:
         ending = failed_ending(
             response, ProxyError("The worker running this response stopped before it ended."), last + 1
         )
-        await self._store.put(msgspec.structs.replace(kept, response=msgspec.Raw(orjson.dumps(response))), fence=token)
-        await self._store.append(kept.id, ending, token)
+        await self.store.put(msgspec.structs.replace(kept, response=msgspec.Raw(orjson.dumps(response))), fence=token)
+        await self.store.append(kept.id, ending, token)
         log.warning("response %s: its worker stopped renewing its lease; %s ended it failed", kept.id, self.holder)
 
 
 class _EventLog:
-    """A run's output into the store: its events one by one, under their sequence numbers, and
-    the response as it stands at most every `interval` seconds. The final response is kept
-    before the terminal event, so that whoever sees that event reads it final. Events the store
-    could not take wait for the next write: a store that comes back gets them all, in order."""
+    """A run's sink (`sink.Sink`): its events into the store one by one, under their sequence
+    numbers, and the response as it stands at most every `interval` seconds. The final response
+    is kept before the terminal event, under the run's lease (10.4), so that whoever sees that
+    event reads it final. Events the store could not take wait for the next write: a store that
+    comes back gets them all, in order."""
 
     def __init__(
         self,
-        store: ResponseStore,
+        runs: BackgroundRuns,
         id: str,
         token: str,
         translator: ResponseTranslator,
-        as_stored: AsStored,
-        interval: float,
+        record: Record,
         run: asyncio.Task[None],
     ) -> None:
-        self._store = store
+        self._runs = runs
+        self._store = runs.store
         self._id = id
         self._token = token
         self._run = run
         self.fenced = False  # another replica took the run over: nothing more of it is kept
         self._translator = translator
-        self._as_stored = as_stored
-        self._interval = interval
+        self._record = record
+        self._interval = runs.settings.snapshot_interval
         self._loop = asyncio.get_running_loop()
         self._snapshot_at = self._loop.time()
         self._snapshot: asyncio.Task[None] | None = None  # one due later, for what came since
@@ -245,9 +234,20 @@ class _EventLog:
         self._final_kept = False
         self._closing = False
 
+    async def opened(self, deadline: float | None) -> None:
+        """Its events began before the upstream answered: it shows the run queued (10.1)."""
+
+    @property
+    def client(self) -> Client:
+        """A run's client is its log: gone once another replica took the run over; else a
+        cancel is its client's (10.3), or this process stopping (10.4)."""
+        if self.fenced:
+            return Client.GONE
+        return Client.STOPPING if self._runs.stopping else Client.WAITING
+
     async def write(self, data: bytes) -> None:
-        """The relay's sink (`relay.Sink`): it keeps the events one by one, as the translator
-        hands them out (`flushed`), not as the SSE bytes `data` joins them into."""
+        """The events one by one, as the translator hands them out (`flushed`), not as the SSE
+        bytes `data` joins them into."""
         events = self._translator.flushed()
         if not events or self.fenced:
             return
@@ -276,7 +276,7 @@ class _EventLog:
         final = self._translator.response
         try:
             if final is not None and not self._final_kept:
-                self._final_kept = await self._store.save(self._as_stored(final), fence=self._token)
+                self._final_kept = await self._store.save(self._record(final), fence=self._token)
                 if not self._final_kept:
                     return False
             if self._waiting:
@@ -295,7 +295,7 @@ class _EventLog:
         await asyncio.sleep(self._snapshot_at + self._interval - self._loop.time())
         self._snapshot_at = self._loop.time()
         try:
-            await self._store.save(self._as_stored(self._translator.progress()), items=False, fence=self._token)
+            await self._store.save(self._record(self._translator.progress()), items=False, fence=self._token)
         except Fenced:
             self._taken_over()
 

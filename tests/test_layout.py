@@ -14,10 +14,10 @@ PACKAGE = ROOT / "proxy"
 
 # What each layer may import from the package, besides itself.
 ALLOWED = {
-    "turns": {"errors", "config", "runtime", "background", "relay", "responses", "store", "upstream"},
+    "turns": {"errors", "config", "runtime", "metrics", "tracing", "background", "sink", "responses", "store", "upstream"},
     "responses": {"errors"},
-    "relay": {"errors", "responses", "upstream"},
-    "background": {"errors", "config", "relay", "responses", "store", "upstream"},
+    "sink": {"errors"},
+    "background": {"errors", "config", "sink", "responses", "store", "upstream"},
     "upstream": {"errors", "config", "responses", "limits"},
     "config": {"errors", "responses"},
     "store": {"errors", "limits"},

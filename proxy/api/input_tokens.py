@@ -9,6 +9,7 @@ from ..appkeys import RUNTIME
 from ..config import default_model
 from ..responses.body import load_json
 from ..turns.input_tokens import counted
+from ..turns.rounds import Asks
 from .body import read_body
 from .common import json_response, plan
 
@@ -23,5 +24,5 @@ async def count(request: web.Request) -> web.Response:
             "store": False,
             "background": False,
         }
-    turn = await plan(request, data, writes=False)
+    turn = await plan(request, data, Asks.COUNT)
     return json_response({"object": "response.input_tokens", "input_tokens": await counted(turn)})

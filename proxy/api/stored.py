@@ -25,7 +25,9 @@ async def retrieve(request: web.Request) -> web.StreamResponse:
     `starting_after`, then the live ones (design.md 10.2)."""
     id = request.match_info["id"]
     stored = await find_stored(request, id)
-    response = await background.current(request, orjson.loads(bytes(stored.response)))
+    response = await background.current(
+        background.runs_of(request), request[OWNER], orjson.loads(bytes(stored.response))
+    )
     if request.query.get("stream", "false").lower() != "true":
         return json_response(history.shown(response, _include(request)))
     if not response.get("background"):
@@ -46,8 +48,9 @@ async def delete(request: web.Request) -> web.Response:
     the response it makes, again, after it was forgotten."""
     id = request.match_info["id"]
     stored = await find_stored(request, id)
-    response = await background.current(request, orjson.loads(bytes(stored.response)))
-    if running(response) and await background.cancel_and_wait(request, response) is None:
+    runs, owner = background.runs_of(request), request[OWNER]
+    response = await background.current(runs, owner, orjson.loads(bytes(stored.response)))
+    if running(response) and await background.cancel_and_wait(runs, owner, response) is None:
         raise InvalidRequest(
             "The response is still running: it was asked to stop; delete it once it has.", param="response_id"
         )

@@ -13,7 +13,6 @@ import asyncio
 import logging
 import re
 import sys
-import time
 from collections import OrderedDict, deque
 from typing import Any, NamedTuple
 
@@ -22,21 +21,20 @@ from aiohttp import WSCloseCode, WSMessage, WSMsgType, web
 
 from ..appkeys import REQUEST_ID, RUNTIME
 from ..errors import ClientLeft, InvalidRequest, ProxyError, TooManyRequests, UpgradeRequired
-from ..responses import compaction, steering
+from ..responses import steering
 from ..responses.body import load_json
-from ..responses.lifecycle import completed, new_id, response_id, usage_object, whole_stream
+from ..responses.lifecycle import new_id
 from ..responses.steering import SteerRefused
-from ..responses.translate import ResponseTranslator
-from ..store import StoredResponse
-from ..turns import rounds
-from ..turns.compaction import compacted_turn
+from ..sink import Client, Steered
+from ..turns.keeping import Connection
+from ..turns.rounds import Asks
 from ..turns.turn import Turn, log_failure
 from . import stored
 from .common import plan
 
 log = logging.getLogger("proxy")
-# The responses of one connection kept for `previous_response_id`: an agent continues the last
-# one; a few more cost little.
+# The responses that ended on a connection, and the steers waiting for their continuation,
+# remembered: the last few.
 _KEPT = 16
 # The SDK's rule for a lane's name.
 _LANE = re.compile(r"[A-Za-z0-9_.-]{1,256}")
@@ -87,15 +85,11 @@ class Steer(NamedTuple):
     size: int  # of its frame, against the bound on held steers
 
 
-class Steered(ClientLeft):
-    """A steer arrived for the response being streamed: it stops at this event's boundary."""
-
-
 class _Connection:
     def __init__(self, request: web.Request, socket: web.WebSocketResponse) -> None:
         self._request = request
         self._socket = socket
-        self._kept: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._responses = Connection()  # kept for `previous_response_id` on it (8.9)
         self._lanes: dict[str | None, asyncio.Task[None]] = {}  # each lane's turn running
         self._frames: deque[_Waiting] = deque()  # in the order they came, over all lanes
         self._running: dict[str, _Running] = {}
@@ -188,12 +182,6 @@ class _Connection:
     def _config(self) -> Any:
         return self._request.app[RUNTIME].config
 
-    def _keep_here(self, stored: StoredResponse) -> None:
-        self._kept[stored.id] = stored
-        self._kept.move_to_end(stored.id)
-        while len(self._kept) > _KEPT:
-            self._kept.popitem(last=False)
-
     async def turn(self, raw: bytes | ProxyError, lane: str | None) -> None:
         """One `response.create` frame: its events (and its successors', where it was steered),
         or an `error` frame (the connection stays). A client that stopped reading, met while
@@ -246,59 +234,25 @@ class _Connection:
     async def _respond(
         self, body: dict[str, Any], generate: Any, lane: str | None
     ) -> tuple[dict[str, Any], list[Steer]] | None:
-        """One turn planned and run; its successor's body and the steers it takes, where steers
-        wait for one."""
-        turn = await plan(
-            self._request, {**body, "stream": True}, self._kept, self._keep_here, runs=generate is not False
-        )
-        try:
-            if generate is False:
-                await self._prepared(turn, lane)
-            elif compaction.triggered(turn.past.request):
-                await self.send_events(whole_stream(await compacted_turn(turn)), turn, lane)
-            else:
-                return await self._generated(turn, body, lane)
-        finally:
-            await turn.release()
-        return None
-
-    async def _generated(
-        self, turn: Turn, body: dict[str, Any], lane: str | None
-    ) -> tuple[dict[str, Any], list[Steer]] | None:
-        started = time.monotonic()
-        translator = turn.translator()
-        id = translator.progress()["id"]
+        """One turn planned and run (a `generate: false` one asks for nothing, 8.9); its
+        successor's body and the steers it takes, where steers wait for one."""
+        asks = Asks.NOTHING if generate is False else Asks.RESPONSE
+        turn = await plan(self._request, {**body, "stream": True}, asks, self._responses)
+        id = turn.translator.progress()["id"]
         # Not a conversation's turn, nor one that compacts: OpenAI's steering takes neither (8.14).
-        running = self._running[id] = _Running(
-            lane, body, turn.past.request.conversation_id is None and turn.call.compact_at is None
-        )
-        sink = _SocketSink(self, translator, turn, running)
+        steerable = turn.asks is Asks.RESPONSE and turn.past.request.conversation_id is None
+        running = self._running[id] = _Running(lane, body, steerable and turn.call.compact_at is None)
         try:
-            try:
-                async with turn.post(answer=translator) as exchange:
-                    await sink.write(translator.start())
-                    await rounds.answer(translator, exchange, sink)
-                await rounds.go_on(turn, translator, sink)
-            except Steered:  # the upstream request is left, which stops the generation
-                await sink.write(translator.cancel(steered=True))
-            except ProxyError as error:
-                if not error.in_stream:
-                    raise
-                # An error clients act on from the event (design.md 8.7): a stream of its own.
-                await sink.write(translator.start() + translator.fail(error))
+            response = await turn.run(_SocketSink(self, turn, running))
         finally:  # a turn cancelled (its connection going) forgets its steers with it
             del self._running[id]
             self._ended[id] = None
             while len(self._ended) > _KEPT * 4:
                 self._ended.popitem(last=False)
-        if running.steers and translator.response is None:  # it ended in no response
+        if running.steers and response is None:  # it ended in no response
             refused = SteerRefused("response_not_active", "The response ended before it took the input.")
             await self._return(running.steers, refused, id, lane)
             running.steers.clear()
-        log_failure(translator.error, f"{self._request.method} {self._request.path}", self._request[REQUEST_ID])
-        if translator.response is not None:
-            turn.answered(translator.response, started, None)
-        response = translator.response
         return await self._successor(response, running, id) if running.steers and response is not None else None
 
     async def _return(self, steers: list[Steer], refused: SteerRefused, target: str, lane: str | None) -> None:
@@ -364,31 +318,16 @@ class _Connection:
     def _held(self) -> list[list[Steer]]:
         return [running.steers for running in self._running.values()] + list(self._waiting_for_client.values())
 
-    async def _prepared(self, turn: Turn, lane: str | None) -> None:
-        """`generate: false`: the request's state kept without output, for a later turn to
-        continue with `previous_response_id` (a client prewarming its connection)."""
-        response = completed(
-            response_id(turn.call.echo),
-            int(time.time()),
-            [],
-            turn.call.echo,
-            usage_object(None),
-        )
-        await turn.keep(response)
-        await self.send_events(whole_stream(response), turn, lane)
-
-    async def send_events(self, sse: bytes, turn: Turn, lane: str | None) -> None:
-        """SSE-framed events as the transport's frames, each event's JSON alone, with its lane's
-        `stream_id`. A client that takes nothing for its upstream's `client_idle` is let go, its
-        turns and their upstream requests with them (4.12)."""
-        # A lane's name goes in before each event's closing brace; no lane, the event as it is.
-        tail = None if lane is None else b',"stream_id":' + orjson.dumps(lane) + b"}"
+    async def send_events(self, events: list[tuple[int, bytes]], tail: bytes | None, idle: float) -> None:
+        """A Response's events, as the translator hands them out, as the transport's frames: each
+        event's JSON alone, with its lane's `stream_id` (`tail`, put in before its closing brace).
+        A client that takes nothing for its upstream's `client_idle` is let go, its turns and their
+        upstream requests with them (4.12)."""
         try:
-            async with asyncio.timeout(turn.target.upstream.timeouts.client_idle):
-                for event in sse.split(b"\n\n"):
-                    data = event.partition(b"data: ")[2]
-                    if data and data != b"[DONE]":
-                        await self._socket.send_str((data if tail is None else data[:-1] + tail).decode())
+            async with asyncio.timeout(idle):
+                for _, event in events:
+                    data = event.partition(b"\ndata: ")[2]
+                    await self._socket.send_str((data if tail is None else data[:-1] + tail).decode())
         except TimeoutError:
             raise ClientGone("the client took nothing for client_idle") from None
 
@@ -437,21 +376,27 @@ class ClientGone(ClientLeft):
 
 
 class _SocketSink:
-    """The relay's sink on a WebSocket: the finished response kept before its terminal event
-    leaves (design.md 9.2), each event a frame on its lane; a steer taken stops the response
-    after the events of this write (8.14)."""
+    """A turn's sink on a WebSocket: each event a frame on its lane; a steer taken stops the
+    Response after the events of this write (8.14). A cancel is its connection gone."""
 
-    def __init__(self, connection: _Connection, translator: ResponseTranslator, turn: Turn, running: _Running) -> None:
+    __slots__ = ("_connection", "_translator", "_running", "_tail", "_idle")
+    client = Client.GONE
+
+    def __init__(self, connection: _Connection, turn: Turn, running: _Running) -> None:
         self._connection = connection
-        self._translator = translator
-        self._turn = turn
+        self._translator = turn.translator
         self._running = running
+        lane = running.lane
+        # A lane's name goes in before each event's closing brace; no lane, the event as it is.
+        self._tail = None if lane is None else b',"stream_id":' + orjson.dumps(lane) + b"}"
+        self._idle = turn.client_idle
+
+    async def opened(self, deadline: float | None) -> None:
+        pass
 
     async def write(self, events: bytes) -> None:
-        if self._translator.response is not None:
-            await self._turn.keep(self._translator.response)
-        await self._connection.send_events(events, self._turn, self._running.lane)
         translator = self._translator
+        await self._connection.send_events(translator.flushed(), self._tail, self._idle)
         # Not between rounds: the round's calls have run, and their results go to the next one.
         if (
             self._running.steers

@@ -28,7 +28,6 @@ TERMINAL_EVENTS = {
 # The finish reasons that end a Response `incomplete`, and the reason it then gives (design.md 4.3).
 INCOMPLETE_REASONS = {"length": "max_output_tokens", "content_filter": "content_filter"}
 DONE = b"data: [DONE]\n\n"  # what ends every stream of events (design.md 4.1)
-_ITEM_EVENTS = ("response.output_item.added", "response.output_item.done")
 _TERMINAL_HEADS = tuple(f"event: {event}\n".encode() for event in sorted(set(TERMINAL_EVENTS.values())))
 
 # What a Response's client owes each item of its that ended the Response for it: its calls'
@@ -87,33 +86,6 @@ def response_object(id: str, created_at: int, status: str, output: list[Any], ec
         "usage": None,
         **echo,
     }
-
-
-def completed(id: str, at: int, output: list[Any], echo: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
-    """A Response made whole before any of it was sent (a compaction, a turn that generates
-    nothing), completed at `at`."""
-    response = response_object(id, at, "completed", output, echo)
-    response.update(completed_at=at, usage=usage)
-    return response
-
-
-def whole_stream(response: dict[str, Any]) -> bytes:
-    """The stream of a `completed` Response: created and in progress with no output yet, each
-    item added and done (a compaction item compacting between), completed, then `[DONE]`
-    (design.md 4.3)."""
-    opened = {**response, "status": "in_progress", "completed_at": None, "output": [], "usage": None}
-    events: list[dict[str, Any]] = [
-        {"type": "response.created", "response": opened},
-        {"type": "response.in_progress", "response": opened},
-    ]
-    for index, item in enumerate(response["output"]):
-        added, done = ({"type": kind, "output_index": index, "item": item} for kind in _ITEM_EVENTS)
-        events.append(added)
-        if item["type"] == "compaction":  # the newest SDKs' sign of a summary sampled (design.md 8.8)
-            events.append({"type": "response.compaction.compacting", "output_index": index, "item_id": item["id"]})
-        events.append(done)
-    events.append({"type": TERMINAL_EVENTS["completed"], "response": response})
-    return b"".join(encoded_event({**event, "sequence_number": i}) + b"\n\n" for i, event in enumerate(events)) + DONE
 
 
 def is_terminal(event: bytes) -> bool:

@@ -4,8 +4,8 @@
 the upstream sent and returns the SSE bytes to write, `finish()` the end of its body, `fail(error)`
 a break; it never awaits. A non-streaming completion goes through the same machine (its `message`
 read as one delta), so both build the same Response. A Response may take several rounds
-(design.md 2.3): a round's finish leaves it open (`round_over`) where another is due, which
-`next_round()` takes and `end()` completes it after.
+(design.md 2.3): a round's finish leaves it open (`round_over`) where something is due, which
+`due()` says (the calls to run, the model's next round, the end, a summary) for the turn to do.
 
 Scores (3.7): every score lands in a `ScoreBuffer` in arrival order, over every round; a delta
 carries those not yet delivered, the done events the whole list, so the message closes last.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import msgspec
@@ -38,9 +39,46 @@ from .lifecycle import (
     usage_sum,
 )
 from .logprobs import ScoreBuffer
-from .mcp import RUN_ITEMS, finished_call
+from .mcp import RUN_ITEMS, finished_call, tool_message
 from .plan import Call
 from .sse import DEFAULT_MAX_EVENT, SSEDecoder
+
+# What is due after a round (design.md 2.3), as `due()` says it, for the turn to match on.
+
+
+@dataclass(frozen=True, slots=True)
+class RunCalls:
+    """The round's calls of tools the proxy runs itself, each as it runs: its item's `id`,
+    `server_label`, `name` and `arguments` (14.4); `ran` takes their outcomes."""
+
+    calls: list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class NextRound:
+    """The model's next round (14.4): the messages its chat adds (the round's text and calls,
+    then each call's result) and the output tokens left it (None: no limit)."""
+
+    messages: list[dict[str, Any]]
+    tokens_left: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class End:
+    """The Response ends (`end`): the round's model called a tool of the client's or asked for
+    an approval (14.4, 14.5), its output owed to the client; or, `incomplete`, spent its output
+    tokens."""
+
+    incomplete: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """The conversation, the answer whole, crossed its compaction threshold (8.10): the summary
+    is due, then `end` with its item."""
+
+
+Due = RunCalls | NextRound | End | Summary | None  # None: nothing, the Response ended or a round runs
 
 
 class ResponseTranslator:
@@ -79,6 +117,7 @@ class ResponseTranslator:
         self._limit: int | None = call.echo["max_output_tokens"]  # this round's output tokens
         # The calls the proxy runs that the model made, to run after its round, with what runs (14.4).
         self._pending: list[tuple[OpenItem, dict[str, Any]]] = []
+        self._next: list[dict[str, Any]] = []  # the next round's messages, once the calls ran
         self._round_text = 0  # the message's parts from before this round
         self.response: dict[str, Any] | None = None  # set once a terminal event is built
         self.error: ProxyError | None = None
@@ -103,7 +142,7 @@ class ResponseTranslator:
         )
 
     @property
-    def answered(self) -> bool:
+    def summary_due(self) -> bool:
         """Whether the Response waits between rounds with its answer whole (a compaction due)."""
         return self.round_over and not self._runs_tools()
 
@@ -187,7 +226,7 @@ class ResponseTranslator:
         """The upstream broke off. A generation that already finished still completes: only
         the usage chunk or `[DONE]` was lost; between rounds, a whole answer completes (its
         compaction left out, 8.10), and one that never came fails (14.4)."""
-        if self.answered:
+        if self.summary_due:
             return self.end()
         if self.round_over or self._finish_reason is None:
             self.round_over = False
@@ -200,7 +239,7 @@ class ResponseTranslator:
         """The client cancelled a background response (design.md 10.3): what was open closes
         `incomplete`, and the response ends `cancelled`, with no error; or it steered a WebSocket
         turn (8.14): `incomplete`, for `steered`. Between rounds, a whole answer completes."""
-        if self.answered:
+        if self.summary_due:
             return self.end()
         self.round_over = False
         if not self.done:
@@ -480,15 +519,35 @@ class ResponseTranslator:
     def _runs_tools(self) -> bool:
         return any(call.ref.server is not None and not call.ref.approval for call in self._calls.values())
 
-    def calls_to_run(self) -> list[dict[str, Any]]:
-        """This round's calls of tools the proxy runs itself, each as it runs: its item's `id`,
-        `server_label`, `name` and `arguments` (design.md 14.4)."""
-        return [run for _, run in self._pending]
+    def due(self) -> Due:
+        """What is due after this round (design.md 2.3, 14.4, 8.10): the calls the proxy runs,
+        then, once they ran, the end where the client owes output or the output tokens are
+        spent, else the model's next round; or, the answer whole, its summary."""
+        if not self.round_over:
+            return None
+        if self._pending:
+            return RunCalls([run for _, run in self._pending])
+        if not self._runs_tools():
+            return Summary()
+        if self._awaits_client():
+            return End()
+        left = self._tokens_left()
+        if left is not None and left <= 0:
+            return End("max_output_tokens")
+        return NextRound(self._next, left)
 
     def ran(self, results: dict[str, tuple[str | None, dict[str, Any] | None]]) -> bytes:
         """This round's MCP calls done, each with its output or its error by item id; one
-        without a result did not run (design.md 14.4)."""
+        without a result did not run, and the model reads so (design.md 14.4)."""
+        runs = [run for _, run in self._pending]
+        said = self._round_message()
         self._ran(results)
+        outcomes = [results.get(run["id"], (None, None)) for run in runs]
+        tool = [
+            {"role": "tool", "tool_call_id": run["id"], "content": tool_message(*outcome)}
+            for run, outcome in zip(runs, outcomes, strict=True)
+        ]
+        self._next = [said, *tool]
         return self._flush()
 
     def _ran(self, results: dict[str, tuple[str | None, dict[str, Any] | None]]) -> None:
@@ -498,20 +557,19 @@ class ResponseTranslator:
             self._close(item, status)
         self._pending = []
 
-    @property
-    def awaits_client(self) -> bool:
+    def _awaits_client(self) -> bool:
         """Whether this round called a tool the client runs, or one whose call it must approve:
         the Response then ends after the round, for the client (design.md 14.4, 14.5)."""
         return any(call.ref.server is None or call.ref.approval for call in self._calls.values())
 
-    def round_message(self) -> dict[str, Any]:
+    def _round_message(self) -> dict[str, Any]:
         """This round as the next round's chat reads it: its text and its calls, each MCP call
         under its item's id, which its tool message answers (design.md 14.4)."""
         text = "".join(self._message.parts[self._round_text :]) if self._message is not None else ""
         calls = [call.chat_form() for call in self._calls.values() if call.item is not None]
         return {"role": "assistant", "content": text or None, "tool_calls": calls}
 
-    def tokens_left(self) -> int | None:
+    def _tokens_left(self) -> int | None:
         """The output tokens `max_output_tokens` leaves the next round; None: no limit."""
         limit: int | None = self._call.echo["max_output_tokens"]
         return limit and limit - self._usage_so_far()["output_tokens"]
@@ -527,7 +585,7 @@ class ResponseTranslator:
         if not self.round_over:
             return
         self.round_over = False
-        self._limit = self.tokens_left()
+        self._limit = self._tokens_left()
         self._spent = self._usage_so_far()
         self._round_text = len(self._message.parts) if self._message is not None else 0
         self._usage = None
@@ -535,14 +593,17 @@ class ResponseTranslator:
         self._shape = None
         self._finish_reason = None
         self._calls = {}
+        self._next = []
 
     def end(
         self, items: Sequence[dict[str, Any]] = (), usage: dict[str, Any] | None = None, incomplete: str | None = None
     ) -> bytes:
-        """End a response between rounds: `items` the turn made (a `compaction` item, 8.10)
-        added after the rounds' own, `usage` (a summary call's) added to theirs; completed, or
-        `incomplete` for that reason (its output tokens spent before the next round, 14.4)."""
-        if not self.round_over:
+        """End a response between rounds, or before the first where the turn makes it whole
+        itself (a `compaction_trigger` turn's, 8.8; one that generates nothing, 8.9): `items` the
+        turn made (a `compaction` item, 8.10) added after the rounds' own, `usage` (a summary
+        call's) added to theirs; completed, or `incomplete` for that reason (its output tokens
+        spent before the next round, 14.4)."""
+        if self.response is not None:
             return b""
         self.round_over = False
         self._close_all(None, "completed")

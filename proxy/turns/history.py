@@ -1,5 +1,5 @@
 """A request's history (design.md 9.4, 9.7): the chain it continues, the conversation it is made
-in and the items it refers to, read from the store; and how its response is kept."""
+in and the items it refers to, read from the store."""
 
 from __future__ import annotations
 
@@ -7,16 +7,12 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
 import orjson
 
-from ..background import AsStored
 from ..errors import InvalidRequest
 from ..responses import history
-from ..responses.lifecycle import new_id
 from ..responses.schema import CreateResponse
 from ..store import ResponseStore, StoredConversation, StoredResponse
-from ..upstream.affinity import Session
 
 # OpenAI's code for a previous response it does not know (design.md 9.4).
 _NOT_FOUND = "previous_response_not_found"
@@ -116,24 +112,3 @@ async def _referenced(store: ResponseStore | None, wanted: list[str], owner: str
         if len(found) < start + len(read):
             break
     return {id: orjson.loads(item) for id, item in found.items()}
-
-
-def stored_form(owner: str, data: dict[str, Any], past: History, session: Session | None) -> AsStored:
-    """How a request's response is kept: its input items encoded once, so that every copy of
-    a response kept while it runs (design.md 10.2) names them by the same ids."""
-    input_items = msgspec.Raw(orjson.dumps(history.stored_input(data.get("input"), past.referenced, new_id)))
-
-    def as_stored(response: dict[str, Any]) -> StoredResponse:
-        return StoredResponse(
-            id=response["id"],
-            owner=owner,
-            created_at=response["created_at"],
-            response=msgspec.Raw(orjson.dumps(response)),
-            input_items=input_items,
-            previous=None if past.previous is None else past.previous.id,
-            referenced=list(past.referenced),
-            session=None if session is None else session.key,
-            replica=None if session is None else session.served_by,
-        )
-
-    return as_stored

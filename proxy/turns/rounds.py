@@ -1,133 +1,207 @@
-"""A Response as a loop of rounds (design.md 2.3): each round one upstream call through the one
-translator, whose events continue the rounds' before it, into the transport's sink; after a
-round, the turn runs what is due: the MCP calls its model made, then the next round (14.4), or
-its compaction's summary (8.10), then the end of the Response. The transports enter the first
-round's call themselves (an HTTP stream must know the upstream answered before its status
-leaves), and hand the rest to `go_on`, the same for every one."""
+"""A Response as a loop of rounds (design.md 2.3): from what its turn asks (the model's rounds, a
+summary, nothing) to its end, each round one upstream call read through the one translator into
+the transport's sink, the first like every other; after each, what the translator says is due:
+the MCP calls its model made, then the next round (14.4); the end, the client owing output; or
+the compaction's summary (8.10)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
+import enum
 import logging
-from typing import Any
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ProxyError
-from ..relay import Sink, relay
-from ..responses import compaction
-from ..responses.lifecycle import new_id
-from ..responses.mcp import tool_message
-from ..responses.translate import ResponseTranslator
+from ..responses.translate import End, NextRound, ResponseTranslator, RunCalls, Summary
+from ..sink import Sink
 from ..upstream.client import Exchange
-from .compaction import summarised
-from .tools import tool_call_cap
-from .turn import Turn
+from . import compaction
+from .keeping import Keeping
+
+if TYPE_CHECKING:  # the turn runs its rounds: the module that makes turns imports this one
+    from .turn import Turn
 
 log = logging.getLogger("proxy")
 
 
-async def run(turn: Turn, translator: ResponseTranslator, sink: Sink) -> None:
-    """Every round, the first one's call entered here: for a transport that writes nothing
-    that waits on the upstream's answer (a whole Response, a background run)."""
-    async with turn.post(answer=translator) as exchange:
-        await answer(translator, exchange, sink)
-    await go_on(turn, translator, sink)
+class Asks(enum.Enum):
+    """What a turn is asked (design.md 2.3), each a case of the one loop."""
+
+    RESPONSE = "response"  # the model's rounds, to the Response's end
+    SUMMARY = "summary"  # a `compaction_trigger` turn: its summary is its one round (8.8)
+    NOTHING = "nothing"  # `generate: false`: the Response kept without output (8.9)
+    COMPACTION = "compaction"  # `/v1/responses/compact`: the summary given back, no Response (8.8)
+    COUNT = "count"  # `/v1/responses/input_tokens`: a count, nothing generated (8.12)
+
+    @property
+    def ends_a_turn(self) -> bool:
+        """Whether it makes a Response: kept, and added to its conversation (9.7)."""
+        return self in (Asks.RESPONSE, Asks.SUMMARY, Asks.NOTHING)
 
 
-async def answer(translator: ResponseTranslator, exchange: Exchange, sink: Sink) -> None:
-    """One round's upstream answer through the translator into the sink: streamed (one write
-    an upstream read, design.md 4.10), or whole (its events not made; the sink keeps the
-    Response once it ends)."""
-    if translator.streaming:
-        if await relay(translator, exchange, sink):
-            await exchange.drain()
-    else:
-        translator.complete(await exchange.read_body())
-        await sink.write(b"")
+class Output:
+    """A Response's way to its sink: the finished Response kept before the write that ends it
+    (design.md 9.2), its first generated token's time noted (12.2), and whether its events
+    began (a failure is then the Response's, no longer the transport's)."""
+
+    __slots__ = (
+        "sink",
+        "_translator",
+        "_keeping",
+        "_started",
+        "_first",
+        "waiting_first",
+        "first_chunk",
+        "began",
+        "made",
+    )
+
+    def __init__(
+        self,
+        translator: ResponseTranslator,
+        sink: Sink,
+        keeping: Keeping,
+        started: float,
+        first: Callable[[float], None] | None,
+    ) -> None:
+        self.sink = sink
+        self._translator = translator
+        self._keeping = keeping
+        self._started = started  # when its request came
+        self._first = first  # told the seconds to the first generated token of a stream
+        self.waiting_first = first is not None and translator.streaming
+        self.first_chunk: float | None = None
+        self.began = False
+        self.made: dict[str, Any] | None = None  # what a turn that makes no Response made (8.8)
+
+    async def open(self, deadline: float | None) -> None:
+        """The upstream answered the first round, or the turn made its Response itself: the
+        sink opened, and a streamed Response's first events written."""
+        await self.sink.opened(deadline)
+        if self._translator.streaming:
+            await self.begin()
+
+    async def begin(self) -> None:
+        await self.write(self._translator.start())
+        self.began = True
+
+    async def write(self, events: bytes) -> None:
+        translator = self._translator
+        if translator.response is not None:
+            await self._keeping.keep(translator.response)
+        elif self.waiting_first and translator.generating:
+            self.waiting_first = False
+            self.first_chunk = time.monotonic() - self._started
+            assert self._first is not None
+            self._first(self.first_chunk)
+        await self.sink.write(events)
 
 
-async def go_on(turn: Turn, translator: ResponseTranslator, sink: Sink) -> None:
-    """The rounds after the first one's upstream call is over (its connection back in the pool:
-    an upstream of one connection serves them all), until the Response ends. A turn cancelled
-    between rounds (its client gone, a background cancel, a shutdown) ends the Response with
-    the rounds done, kept, before the cancel goes on."""
-    rounds = _Rounds(turn)
-    while translator.round_over:
-        try:
-            if translator.calls_to_run():
-                await rounds.tools(translator, sink)
-                continue
-            ending = await _compaction(turn, translator)
-        except asyncio.CancelledError:
-            if translator.answered:  # kept without its compaction (8.10); an unanswered one is not (14.6)
-                with contextlib.suppress(Exception):  # the client may be gone: the sink keeps it first
-                    await sink.write(translator.end())
-            raise
-        await sink.write(translator.end(*ending))
-
-
-class _Rounds:
-    """The chat of a turn's rounds after its first: its messages grow by each round's calls and
-    their results, its MCP calls count against `max_tool_calls` (design.md 14.4)."""
-
-    def __init__(self, turn: Turn) -> None:
-        self._turn = turn
-        chat = turn.call.chat
-        self._messages = list(chat["messages"])
-        self._ran = sum(item["type"] == "mcp_call" for item in turn.call.prelude)  # approved ones
-        self._cap = tool_call_cap(turn.runtime.mcp, turn.past.request)
-        self._parallel = chat.get("parallel_tool_calls") is not False
-
-    async def tools(self, translator: ResponseTranslator, sink: Sink) -> None:
-        """Run the round's MCP calls, up to the cap (those past it are not run, and the model is
-        told), then the next round; the Response ends instead where the round called a tool of the
-        client's, or asked for an approval, or spent its output tokens."""
-        turn, calls = self._turn, translator.calls_to_run()
-        runnable = calls[: max(self._cap - self._ran, 0)]
-        self._ran += len(runnable)
-        outcomes = await turn.servers.run(runnable, self._parallel)
-        said = translator.round_message()
-        await sink.write(translator.ran(outcomes))
-        left = translator.tokens_left()
-        if translator.awaits_client or (left is not None and left <= 0):
-            await sink.write(translator.end(incomplete=None if translator.awaits_client else "max_output_tokens"))
+async def run(turn: Turn, out: Output) -> None:
+    """The turn's rounds to the Response's end (`compaction` for a turn that asks for a summary
+    and makes no Response: `out.made`). A round after the first that the upstream refuses fails
+    the Response with the rounds done (14.4); a summary due after the rounds that fails leaves
+    the answer whole, completed (8.10)."""
+    translator = turn.translator
+    match turn.asks:
+        case Asks.COMPACTION:
+            out.made = await compaction.compacted(turn)
             return
-        self._messages.append(said)
-        for item in calls:
-            output, error = outcomes.get(item["id"], (None, None))  # none: the cap kept it from running
-            self._messages.append({"role": "tool", "tool_call_id": item["id"], "content": tool_message(output, error)})
-        translator.next_round()
+        case Asks.SUMMARY:  # its one round: the Response is its compaction item (8.8)
+            item, usage = await compaction.summary(turn)
+            await out.open(None)
+            await out.write(translator.end([item], usage))
+            return
+        case Asks.NOTHING:
+            await out.open(None)
+            await out.write(translator.end())
+            return
+    await _round(turn, out, turn.call.chat)
+    messages = list(turn.call.chat["messages"])
+    while True:
+        match translator.due():
+            case None:
+                return
+            case RunCalls(calls):
+                parallel = turn.call.chat.get("parallel_tool_calls") is not False
+                await out.write(translator.ran(await turn.tools.run(calls, parallel)))
+            case NextRound(said, left):
+                messages += said
+                translator.next_round()
+                try:
+                    await _round(turn, out, _next_body(turn, messages, left))
+                except ProxyError as error:
+                    await out.write(translator.fail(error))
+            case End(incomplete):
+                await out.write(translator.end(incomplete=incomplete))
+            case Summary():
+                await out.write(translator.end(*await _summary(turn)))
+
+
+async def _round(turn: Turn, out: Output, body: dict[str, Any]) -> None:
+    """One round's upstream call, its connection back in the pool once read (an upstream of one
+    connection serves every round): streamed, one sink write an upstream read (design.md 4.10);
+    or whole, its events not made."""
+    translator = turn.translator
+    async with turn.post(body, feeds=translator) as exchange:
+        if not out.began:
+            await out.open(exchange.deadline)
+        if not translator.streaming:
+            translator.complete(await exchange.read_body())
+            await out.write(b"")
+        elif await _relay(translator, exchange, out):
+            await exchange.drain()
+
+
+async def _relay(translator: ResponseTranslator, exchange: Exchange, out: Output) -> bool:
+    """Upstream reads through the translator into the sink until the terminal event, or the
+    round's end; False where the upstream broke off, leaving nothing to drain. A read that makes
+    no event is no write; past the first generated token, the sink takes the writes itself."""
+    sink = out.sink
+    while True:
         try:
-            async with turn.post(self._body(translator.tokens_left()), answer=translator) as exchange:
-                await answer(translator, exchange, sink)
-        except ProxyError as error:  # the upstream refused the round: the Response fails with the rounds done
-            await sink.write(translator.fail(error))
-
-    def _body(self, left: int | None) -> dict[str, Any]:
-        """The next round's chat request: the model chooses its tools again (a forced choice held
-        would call one forever), and is offered none of the MCP servers' past the cap."""
-        chat = self._turn.call.chat
-        body = {**chat, "messages": self._messages}
-        if left is not None:
-            body["max_tokens"] = body["max_completion_tokens"] = left
-        if "tool_choice" in chat:
-            body["tool_choice"] = "auto"
-        if self._ran >= self._cap and "tools" in chat:
-            run_here = self._turn.call.tools.run_here
-            body["tools"] = [tool for tool in chat["tools"] if tool["function"]["name"] not in run_here]
-            if not body["tools"]:  # chat servers refuse a `tool_choice` without `tools`
-                body.pop("tools")
-                body.pop("tool_choice", None)
-        return body
+            data = await exchange.read_chunk()
+        except ProxyError as error:
+            await out.write(translator.fail(error))
+            return False
+        events = translator.feed(data) if data else translator.finish()
+        done = translator.done
+        if done or out.waiting_first:
+            if events or done:
+                await out.write(events)
+        elif events:
+            await sink.write(events)
+        if done:
+            return True
 
 
-async def _compaction(turn: Turn, translator: ResponseTranslator) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
-    """The round of a turn whose conversation, its answer included, crossed its
+def _next_body(turn: Turn, messages: list[dict[str, Any]], left: int | None) -> dict[str, Any]:
+    """The next round's chat request: the conversation grown by the rounds' calls and their
+    results; the model chooses its tools again (a forced choice held would call one forever), and
+    is offered none of the MCP servers' past the budget (14.4)."""
+    chat = turn.call.chat
+    body = {**chat, "messages": messages}
+    if left is not None:
+        body["max_tokens"] = body["max_completion_tokens"] = left
+    if "tool_choice" in chat:
+        body["tool_choice"] = "auto"
+    if turn.tools.left <= 0 and "tools" in chat:
+        run_here = turn.call.tools.run_here
+        body["tools"] = [tool for tool in chat["tools"] if tool["function"]["name"] not in run_here]
+        if not body["tools"]:  # chat servers refuse a `tool_choice` without `tools`
+            body.pop("tools")
+            body.pop("tool_choice", None)
+    return body
+
+
+async def _summary(turn: Turn) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+    """The summary due after a turn whose conversation, its answer included, crossed its
     `context_management` threshold (design.md 8.10): the `compaction` item and the summary
-    call's usage. A summary that fails is logged, and the answer completes without it: the
-    turn's own tokens are whole."""
+    call's usage. One that fails is logged, and the answer completes without it: the turn's own
+    tokens are whole."""
     try:
-        summary, usage = await summarised(turn, translator.output)
+        item, usage = await compaction.summary(turn, turn.translator.output)
     except Exception as error:  # whatever failed, the answer stays whole; the unforeseen logged whole
         foreseen = error.message if isinstance(error, ProxyError) else None
         log.warning(
@@ -137,4 +211,4 @@ async def _compaction(turn: Turn, translator: ResponseTranslator) -> tuple[list[
             extra={"request_id": turn.caller.request_id},
         )
         return [], None
-    return [compaction.compaction_item(summary, turn.runtime.sealer, new_id)], usage
+    return [item], usage

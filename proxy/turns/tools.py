@@ -34,8 +34,8 @@ from ..upstream.mcp import Endpoint, McpFailure, McpServers
 
 # A call's outcome: its output, or its error (design.md 14.4); neither: it did not run.
 Outcome = tuple[str | None, dict[str, Any] | None]
-# An approval the request gives: the approval request, and its first answer (14.5).
-Answered = tuple[McpApprovalRequest, McpApprovalResponse]
+# An approval the request gives: the approval request, and the client's first response to it (14.5).
+Approval = tuple[McpApprovalRequest, McpApprovalResponse]
 
 
 async def prepare(
@@ -61,9 +61,10 @@ async def prepare(
             )
         servers[tool.server_label] = (tool, mcp.endpoint(tool, index))
     items = request.items()
-    answered = _answered(items, servers)
+    approvals = _approvals(items, servers)
+    budget = tool_call_cap(mcp, request)
     if not servers:
-        return Servers(builtins=builtins), ServerCalls(mcp, owner, endpoints)
+        return Servers(builtins=builtins), ServerCalls(mcp, owner, budget, endpoints)
     # Listed in its history: the last listing of each server that did not fail; the server's own
     # word where its id vouches that this proxy listed it from that server, else only a cache of
     # what the model is offered, which the client may have written (14.3).
@@ -76,7 +77,7 @@ async def prepare(
     }
     # Listed now: a server the history has no listing of, and one whose approved call runs before
     # the model's first round, which only the server's own word admits.
-    approving = {request.server_label for request, answer in answered if answer.approve} if runs else set()
+    approving = {request.server_label for request, response in approvals if response.approve} if runs else set()
     listing = [label for label in servers if label not in known or (label in approving and label not in vouched)]
     try:  # one listing that fails lets go of the others
         async with asyncio.TaskGroup() as group:
@@ -101,8 +102,8 @@ async def prepare(
     ]
     endpoints |= {label: endpoint for label, (_, endpoint) in servers.items()}
     policies = {label: tool for label, (tool, _) in servers.items()}
-    calls = ServerCalls(mcp, owner, endpoints, policies, vouched | listed)
-    answers, ran = await calls.approved(answered, tool_call_cap(mcp, request)) if runs else ({}, [])
+    calls = ServerCalls(mcp, owner, budget, endpoints, policies, vouched | listed)
+    answers, ran = await calls.approved(approvals) if runs else ({}, [])
     return Servers(tools, answers, [*listings, *ran], builtins), calls
 
 
@@ -126,14 +127,14 @@ def tool_call_cap(mcp: McpServers, request: CreateResponse) -> int:
     return ceiling if request.max_tool_calls is None else min(request.max_tool_calls, ceiling)
 
 
-def _answered(items: Sequence[Any], servers: Collection[str]) -> list[Answered]:
+def _approvals(items: Sequence[Any], servers: Collection[str]) -> list[Approval]:
     """The approvals the request gives that no call in its history ran, each request's first
-    answer; one whose request is not in the history, or names a server the request's tools do
-    not, or that answers its request both ways, is a 400 naming `input` (design.md 14.5). An
-    answer repeated is read once: one approval request runs at most one call."""
+    response; one whose request is not in the history, or names a server the request's tools do
+    not, or that responds to its request both ways, is a 400 naming `input` (design.md 14.5). A
+    response repeated is read once: one approval request runs at most one call."""
     asked = {item.id: item for item in items if isinstance(item, McpApprovalRequest)}
     done = {item.approval_request_id for item in items if isinstance(item, McpCall) and item.approval_request_id}
-    answered: dict[str, Answered] = {}
+    approvals: dict[str, Approval] = {}
     for item in items:
         if not isinstance(item, McpApprovalResponse) or item.approval_request_id in done:
             continue
@@ -143,12 +144,12 @@ def _answered(items: Sequence[Any], servers: Collection[str]) -> list[Answered]:
                 f"No mcp_approval_request '{item.approval_request_id}' of a server in 'tools' to approve.",
                 param="input",
             )
-        _, first = answered.setdefault(request.id, (request, item))
+        _, first = approvals.setdefault(request.id, (request, item))
         if first.approve != item.approve:
             raise InvalidRequest(
                 f"The mcp_approval_request '{request.id}' is both approved and declined.", param="input"
             )
-    return list(answered.values())
+    return list(approvals.values())
 
 
 class ServerCalls:
@@ -157,36 +158,39 @@ class ServerCalls:
     every call of it meets; and the tools each listed to the proxy itself, on this turn or in a
     listing whose id vouches for it. Another listing in the history, which a client may have
     written, is what the model is offered, never what a call is checked against: such a server is
-    listed again, once a turn, before a call of it runs."""
+    listed again, once a turn, before a call of it runs. `left`: the calls the Response may still
+    run, of its `max_tool_calls` (14.4), approved ones first."""
 
     def __init__(
         self,
         mcp: McpServers,
         owner: str,
+        budget: int,
         endpoints: Mapping[str, Endpoint],
         policies: Mapping[str, McpTool] | None = None,
         listed: Mapping[str, list[dict[str, Any]]] | None = None,
     ) -> None:
         self._mcp, self._owner, self._endpoints, self._policies = mcp, owner, endpoints, policies or {}
         self._listed: dict[str, list[dict[str, Any]] | McpUnavailable] = dict(listed or {})
+        self.left = budget
 
-    async def approved(self, answered: Iterable[Answered], cap: int) -> tuple[dict[str, str], list[dict[str, Any]]]:
+    async def approved(self, approvals: Iterable[Approval]) -> tuple[dict[str, str], list[dict[str, Any]]]:
         """The tool message of each approval the request gives, and the `mcp_call` items of the
-        calls it approved, run now, up to the Response's `max_tool_calls` (those past it are not
-        run, and the model is told); an approved call outside the policy is a 400 naming `input`,
-        before any runs."""
+        calls it approved, run now, within the budget (those past it are not run, and the model
+        is told); an approved call outside the policy is a 400 naming `input`, before any runs."""
         answers: dict[str, str] = {}
         approved: list[McpApprovalRequest] = []
-        for request, answer in answered:
-            refused = self._refusal(request.server_label, request.name, approved=True) if answer.approve else None
+        for request, response in approvals:
+            refused = self._refusal(request.server_label, request.name, approved=True) if response.approve else None
             if refused is not None:
                 raise InvalidRequest(f"The mcp_approval_request '{request.id}' cannot run. {refused}", param="input")
-            if answer.approve and len(approved) < cap:
+            if response.approve and len(approved) < self.left:
                 approved.append(request)
-            elif answer.approve:
+            elif response.approve:
                 answers[request.id] = tool_message(None, None)
             else:
-                answers[request.id] = " ".join(filter(None, ("The user declined to run this call.", answer.reason)))
+                answers[request.id] = " ".join(filter(None, ("The user declined to run this call.", response.reason)))
+        self.left -= len(approved)
         outcomes = await asyncio.gather(
             *(self._call(call.server_label, call.name, call.arguments) for call in approved)
         )
@@ -208,10 +212,13 @@ class ServerCalls:
             )
         return answers, calls
 
-    async def run(self, calls: Sequence[dict[str, Any]], parallel: bool) -> dict[str, Outcome]:
-        """A round's calls, at once where the request lets the model's calls run in parallel, by
-        item id; a call of an MCP server's tool outside the policy is not made, and fails (a
-        built-in type's runs as the operator mapped it, 14.8)."""
+    async def run(self, made: Sequence[dict[str, Any]], parallel: bool) -> dict[str, Outcome]:
+        """A round's calls within the budget, at once where the request lets the model's calls
+        run in parallel, by item id; those past it are not run (no outcome). A call of an MCP
+        server's tool outside the policy is not made, and fails (a built-in type's runs as the
+        operator mapped it, 14.8)."""
+        calls = made[: max(self.left, 0)]
+        self.left -= len(calls)
         checked = [item for item in calls if item["type"] == "mcp_call"]
         unlisted = list({item["server_label"] for item in checked} - self._listed.keys())
         listings = await asyncio.gather(*(self._list(label) for label in unlisted))

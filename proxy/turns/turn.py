@@ -1,52 +1,59 @@
-"""A Responses call planned, whatever transport carries it (design.md 2.3): parsed, routed, its
-history read and its conversation held, its translation settings from the route, its session
-(11.1) and how its response is kept; and what a turn does when it ends."""
+"""A Responses call, whatever transport carries it (design.md 2.3): planned (parsed, routed, its
+history read and its conversation held, its translation settings from the route, its session,
+11.1, and how its Response is kept), then run whole, from its first round to its Response's end,
+into the sink its transport hands it."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import dataclasses
 import logging
 import time
-from collections.abc import Awaitable, Callable, Iterable, Mapping
+from collections.abc import Iterable
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import msgspec
-import orjson
-
-from ..background import AsStored
 from ..config import Target, served_models
 from ..errors import InvalidRequest, NotFound, ProxyError, ServerShuttingDown
+from ..metrics import GenAI, Metrics
+from ..responses import compaction
 from ..responses.plan import Call, TranslationSettings, plan_call
 from ..responses.schema import CreateResponse, parse_request, unknown_fields
 from ..responses.sealing import Sealer
-from ..responses.session import from_headers, response_session
+from ..responses.session import response_session
 from ..responses.translate import ResponseTranslator
 from ..runtime import Runtime
-from ..store import StoredResponse
+from ..sink import Client, Sink, Steered
+from ..tracing import Tracing
 from ..upstream.affinity import Session
 from ..upstream.client import Exchange, UpstreamClient
+from . import rounds
 from .conversations import Held, hold
 from .files import read_files
-from .history import History, read_history, stored_form
+from .history import History, read_history
+from .keeping import Connection, Keeping, keeping, record_of
+from .rounds import Asks
 from .tools import ServerCalls, prepare
 
 log = logging.getLogger("proxy")
 
 CHAT_PATH = "/v1/chat/completions"
-# Keeps a finished response before its last event leaves, so that a client that chains at once
-# never races the write (design.md 9.2).
-Keep = Callable[[dict[str, Any]], Awaitable[object]]
 
 
 @dataclass(frozen=True, slots=True)
 class Caller:
     """Who makes a call, as much as the turn layer needs of its transport: whose key (its
-    digest, design.md 9.5), the request's id, and its headers (a session header, 11.1)."""
+    digest, design.md 9.5), the request's id, the session its headers name (11.1, their first
+    configured one, read where the caller is built), when it came, and by what method and path
+    (for the log)."""
 
     owner: str
     request_id: str
-    headers: Mapping[str, str]
+    session: str | None = None
+    started: float = field(default_factory=time.monotonic)
+    where: str = ""
 
     def upstream_headers(self) -> dict[str, str]:
         return {"X-Request-ID": self.request_id}
@@ -66,15 +73,13 @@ def route(runtime: Runtime, model: str) -> tuple[Target, UpstreamClient]:
     return found
 
 
-def call_session(runtime: Runtime, caller: Caller, past: History) -> Session:
-    """The call's session (design.md 11.1), for an upstream where it changes where the call
-    goes; a turn of the session of the response it continues is sent first to the replica that
-    served that one."""
+def call_session(caller: Caller, past: History) -> Session:
+    """The call's session (design.md 11.1); a turn of the session of the response it continues
+    is sent first to the replica that served that one."""
     previous = past.previous
-    header = from_headers(caller.headers, runtime.config.requests.session_headers)
     # A conversation is a session of its own; a chain goes on in the session it began in.
     chained = past.request.conversation_id or (previous.session if previous else None)
-    key = response_session(past.request, header, chained)
+    key = response_session(past.request, caller.session, chained)
     return Session(key, previous.replica if previous is not None and previous.session == key else None)
 
 
@@ -98,80 +103,107 @@ def translation_settings(target: Target, sealer: Sealer) -> TranslationSettings:
 @dataclass(frozen=True, slots=True)
 class Turn:
     """A Responses call planned, whatever carries it (HTTP, a WebSocket, a background run):
-    what goes upstream, where, and how its response is kept."""
+    what it asks, what goes upstream and where, how its Response is kept, and the one
+    translator that makes that Response over all its rounds; with the collaborators it uses."""
 
-    runtime: Runtime
     caller: Caller
+    asks: Asks
     past: History
     call: Call
+    settings: TranslationSettings
     target: Target
-    client: UpstreamClient
-    session: Session | None
-    keep: Keep  # before the terminal event leaves (design.md 9.2)
-    # How the response is kept anywhere (the store, a connection, a conversation); None: nowhere.
-    kept_as: AsStored | None
-    servers: ServerCalls  # its MCP servers, as its calls reach them (14)
-    conversation: Held | None = None  # the conversation it writes to, held until it ends (9.7)
+    upstream: UpstreamClient
+    session: Session | None  # where it changes where the call goes (11.1)
+    keeping: Keeping
+    tools: ServerCalls  # its MCP servers, as its calls reach them, and its budget of calls (14)
+    translator: ResponseTranslator
+    metrics: Metrics
+    tracing: Tracing | None
 
     @property
-    def stored_as(self) -> AsStored | None:
-        """How the store keeps the response; None: it does not."""
-        return self.kept_as if self.call.echo["store"] else None
+    def gen_ai(self) -> GenAI:
+        """The labels of its GenAI metrics (design.md 12.2): operation, provider, model."""
+        return self.metrics.gen_ai(self.target)
+
+    @property
+    def client_idle(self) -> float:
+        """How long its client may take nothing before it is let go (design.md 4.12)."""
+        return self.target.upstream.timeouts.client_idle
+
+    def post(
+        self, body: dict[str, Any], path: str = CHAT_PATH, feeds: ResponseTranslator | None = None
+    ) -> AbstractAsyncContextManager[Exchange]:
+        """One of the turn's upstream calls (a round's, a summary's, a token count's), sent when
+        entered; its client span, where tracing is on (design.md 12.1), and a chat call's
+        duration (12.2: a token count is no GenAI operation); `feeds`: the translator its answer
+        goes through, what they read of it."""
+        headers = self.caller.upstream_headers()
+        exchange = self.upstream.post(path, body, headers, session=self.session)
+        if self.tracing is not None:
+            exchange = self.tracing.upstream(exchange, headers, self.target.upstream, self.target.model, feeds)
+        return self.metrics.operation(exchange, self.gen_ai, feeds) if path == CHAT_PATH else exchange
+
+    async def run(self, sink: Sink) -> dict[str, Any] | None:
+        """The Response, from its first round to its terminal event, into `sink`: the one way
+        every transport runs a turn (design.md 2.3). A failure before its events began is the
+        transport's to answer (raised), unless its client reads it from the events (8.7), in a
+        stream of its own; after, the Response fails. A cancel ends it as the sink's client
+        takes one; a steer stops it `incomplete` (8.14). The finished Response is kept before
+        its terminal event leaves (9.2), and counted (11.4, 12.2); the turn's conversation is let
+        go, however it ended. Returns the Response (a compaction's output, for a turn that makes
+        none); None where it ended in none."""
+        translator = self.translator
+        foreground = not self.call.background  # a background run's usage is its client's alone (11.4)
+        out = rounds.Output(translator, sink, self.keeping, self.caller.started, self._first if foreground else None)
+        try:
+            try:
+                if self.call.background:  # its log shows it queued before the upstream answers (10.1)
+                    await out.begin()
+                await rounds.run(self, out)
+            except Steered:
+                await out.write(translator.cancel(steered=True))
+            except ProxyError as error:
+                if out.began:
+                    await out.write(translator.fail(error))
+                elif error.in_stream and translator.streaming:
+                    await sink.opened(None)
+                    await out.write(translator.start())
+                    await out.write(translator.fail(error))
+                else:
+                    raise
+            except asyncio.CancelledError:
+                client = sink.client
+                if client is Client.GONE:
+                    if translator.summary_due:  # kept without its compaction (8.10); an unfinished one is not
+                        with contextlib.suppress(Exception):  # the client is gone: only the keeping counts
+                            await out.write(translator.end())
+                    raise
+                stopped = ServerShuttingDown("The proxy stopped before the response ended.")
+                await out.write(translator.fail(stopped) if client is Client.STOPPING else translator.cancel())
+        finally:
+            await self.release()
+        log_failure(translator.error, self.caller.where, self.caller.request_id)
+        response = translator.response
+        if response is not None and foreground:
+            self._count(response, out.first_chunk)
+        return out.made if self.asks is Asks.COMPACTION else response
 
     async def release(self) -> None:
         """The turn is over, however it ended: its conversation is let go."""
-        if self.conversation is not None:
-            await self.conversation.release()
+        if self.keeping.conversation is not None:
+            await self.keeping.conversation.release()
 
-    async def end(self, response: dict[str, Any] | None) -> None:
-        """A background run's end (design.md 10): its response, if it ended, added to its
-        conversation, which is let go."""
-        try:
-            if response is not None:
-                await self.add_to_conversation(response)
-        finally:
-            await self.release()
+    def _first(self, seconds: float) -> None:
+        self.metrics.first_chunk(self.target.pattern, self.gen_ai, seconds)
 
-    async def add_to_conversation(self, response: dict[str, Any]) -> None:
-        """The turn's input and output added to its conversation (design.md 9.7)."""
-        if self.conversation is not None and self.kept_as is not None:
-            own = orjson.loads(bytes(self.kept_as(response).input_items))
-            await self.conversation.append([*own, *response["output"]])
-
-    def translator(self) -> ResponseTranslator:
-        # A background run keeps its events even when its client asked for none (design.md 10.2).
-        streaming = self.call.stream or self.call.background
-        max_event = self.target.upstream.max_event_bytes
-        request_id = self.caller.request_id
-        return ResponseTranslator(self.call, streaming=streaming, request_id=request_id, max_event=max_event)
-
-    @property
-    def gen_ai(self) -> tuple[str, str, str]:
-        """The labels of its GenAI metrics (design.md 12.2): operation, provider, model."""
-        return self.runtime.metrics.gen_ai(self.target)
-
-    def post(
-        self, body: dict[str, Any] | None = None, path: str = CHAT_PATH, answer: ResponseTranslator | None = None
-    ) -> AbstractAsyncContextManager[Exchange]:
-        """The call's chat request (or another of the turn's: a summary's, a token count's),
-        sent when entered; its client span, where tracing is on (design.md 12.1), and a chat
-        call's duration (12.2: a token count is no GenAI operation); `answer`: the translator
-        the call feeds, what they read of its answer."""
-        headers = self.caller.upstream_headers()
-        exchange = self.client.post(path, self.call.chat if body is None else body, headers, session=self.session)
-        tracing = self.runtime.tracing
-        if tracing is not None:
-            exchange = tracing.upstream(exchange, headers, self.target.upstream, self.target.model, answer)
-        return self.runtime.metrics.operation(exchange, self.gen_ai, answer) if path == CHAT_PATH else exchange
-
-    def answered(self, output: dict[str, Any], started: float, first_chunk: float | None) -> None:
-        """A finished call's tokens, from its upstream's usage (design.md 11.4), and the time per
-        output token after the first (12.2); on its span, what it made (12.1)."""
-        usage, target = output["usage"], self.target
-        elapsed = time.monotonic() - started
-        self.runtime.metrics.answered(target.pattern, target.upstream.name, self.gen_ai, usage, first_chunk, elapsed)
-        if self.runtime.tracing is not None:
-            self.runtime.tracing.answered(output, first_chunk)
+    def _count(self, response: dict[str, Any], first_chunk: float | None) -> None:
+        """A finished Response's tokens, from its upstream's usage (design.md 11.4), and, streamed,
+        the time per output token after the first (12.2); on its span, what it made (12.1)."""
+        usage, target = response["usage"], self.target
+        elapsed = time.monotonic() - self.caller.started
+        self.metrics.answered(target.pattern, target.upstream.name, self.gen_ai, usage, first_chunk, elapsed)
+        if self.tracing is not None:
+            self.tracing.answered(response, first_chunk)
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,55 +227,81 @@ async def plan_turn(
     runtime: Runtime,
     caller: Caller,
     request: Routed,
-    kept: Mapping[str, StoredResponse] | None = None,
-    keep_here: Callable[[StoredResponse], None] | None = None,
-    *,
-    writes: bool = True,
-    runs: bool = True,
+    asks: Asks = Asks.RESPONSE,
+    connection: Connection | None = None,
 ) -> Turn:
-    """Read the history and plan a routed call. `kept` and `keep_here`: the responses of a
-    WebSocket connection, read as history and added to (design.md 8.9). A call that `writes`
-    (its response ends a turn) holds its conversation until `Turn.release`; one that `runs`
-    (it generates) runs the MCP calls its request approves (14.5)."""
+    """Read the history and plan a routed call, for what it `asks` (a `compaction_trigger` turn
+    asks for its summary, 8.8). `connection`: a WebSocket connection's Responses, read as history
+    and added to (8.9). A turn that ends a turn holds its conversation until it is released
+    (9.7); one that generates runs the MCP calls its request approves (14.5), and one that does
+    not shows no listing."""
     data, parsed, fields, target, client = request.data, request.parsed, request.unknown, request.target, request.client
     store = runtime.store
     # Held before it is read, so that a turn ending meanwhile is in what this one reads (9.7).
-    held = await _hold(runtime, caller, parsed.conversation_id) if writes and parsed.conversation_id else None
+    held = await _hold(runtime, caller, parsed.conversation_id) if asks.ends_a_turn and parsed.conversation_id else None
     try:
-        past = await read_history(store, caller.owner, parsed, kept)
+        past = await read_history(store, caller.owner, parsed, connection.responses if connection else None)
         past = await read_files(runtime, caller.owner, past, len(parsed.items()), target)  # design.md 8.16
+        if asks is Asks.RESPONSE and compaction.triggered(past.request):
+            asks = Asks.SUMMARY
         stored = store is not None and parsed.store is not False
-        servers, calls = await prepare(runtime.mcp, runtime.sealer, caller.owner, past.request, runs=runs and writes)
+        if parsed.background:
+            _runs_in_the_background(runtime, asks, stored)
+        generates = asks is Asks.RESPONSE
+        servers, calls = await prepare(runtime.mcp, runtime.sealer, caller.owner, past.request, runs=generates)
         settings = translation_settings(target, runtime.sealer)
         call = plan_call(past.request, settings, stored=stored, servers=servers)
+        if not generates:
+            call = dataclasses.replace(call, prelude=())
         _note_ignored(runtime, [*(f"field:{name}" for name in fields), *call.ignored])
-        session = call_session(runtime, caller, past) if client.keyed else None
-        kept_anywhere = stored or keep_here is not None or held is not None
-        as_stored = stored_form(caller.owner, data, past, session) if kept_anywhere else None
-        if runtime.tracing is not None:
-            conversation = (session or call_session(runtime, caller, past)).key  # gen_ai.conversation.id
-            runtime.tracing.turn(parsed.model, call.chat, call.stream, conversation, target.upstream.dialect)
-
-        async def keep(response: dict[str, Any]) -> None:
-            if as_stored is None:
-                return
-            kept_form = as_stored(response)
-            if store is not None and stored:
-                await store.save(kept_form)  # read from the store again, which a delete reaches
-            elif keep_here is not None and held is None:
-                # Kept whole, its chain's items with its own: a connection keeps a few responses,
-                # and a chain of any length continues from the last (design.md 8.9).
-                own = orjson.loads(bytes(kept_form.input_items))
-                whole = msgspec.Raw(orjson.dumps([*past.chain, *own]))
-                keep_here(msgspec.structs.replace(kept_form, input_items=whole, previous=None))
-            await turn.add_to_conversation(response)
-
-        turn = Turn(runtime, caller, past, call, target, client, session, keep, as_stored, calls, held)
-        return turn
+        tracing = runtime.tracing
+        session = call_session(caller, past) if client.keyed or tracing is not None else None
+        if tracing is not None and session is not None:  # gen_ai.conversation.id
+            tracing.turn(parsed.model, call.chat, call.stream, session.key, target.upstream.dialect)
+        routing = session if client.keyed else None
+        kept = asks.ends_a_turn and (stored or connection is not None or held is not None)
+        record = record_of(caller.owner, data, past, routing) if kept else None
+        # A background run's log puts its record, under its lease (10.2).
+        put = store.save if store is not None and stored and not call.background else None
+        how = keeping(record, past, store=put, connection=connection if not stored else None, conversation=held)
+        # A background run reads the upstream as a stream: its events are what it keeps (10.2).
+        translator = ResponseTranslator(
+            call, streaming=call.chat["stream"], request_id=caller.request_id, max_event=target.upstream.max_event_bytes
+        )
+        return Turn(
+            caller,
+            asks,
+            past,
+            call,
+            settings,
+            target,
+            client,
+            routing,
+            how,
+            calls,
+            translator,
+            runtime.metrics,
+            tracing,
+        )
     except BaseException:
         if held is not None:
             await held.release()
         raise
+
+
+def _runs_in_the_background(runtime: Runtime, asks: Asks, stored: bool) -> None:
+    """A background request's 400s (design.md 10.1, 8.8): it needs a store, keeps its response
+    there, and generates."""
+    if asks is Asks.SUMMARY:
+        raise InvalidRequest(
+            "A compaction_trigger turn is answered at once, never in the background.", param="background"
+        )
+    if runtime.background is None:
+        raise InvalidRequest(
+            "A background response needs a store, and this proxy keeps none (store: none).", param="background"
+        )
+    if not stored:
+        raise InvalidRequest("A background response is stored: it cannot have store: false.", param="store")
 
 
 def log_failure(error: ProxyError | None, where: str, request_id: str) -> None:

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from proxy.responses.mcp import Servers
-from proxy.responses.translate import ResponseTranslator
+from proxy.responses.translate import NextRound, ResponseTranslator, RunCalls
 from tests.events import REQUEST_ID, check_stream, fixed, parse_sse, plan, sent_scores, split, sse
 from tests.fake_upstream import Generation, Step, score
 
@@ -53,11 +53,15 @@ def test_a_tool_round_then_an_answer_is_one_response(rounds: tuple[Generation, G
     out = [translator.start()]
     for n, generation in enumerate(rounds):
         if n:
-            assert translator.round_over and translator.response is None and not translator.awaits_client
-            [ran] = translator.calls_to_run()
+            due = translator.due()  # not the client's to answer: its calls are the proxy's to run
+            assert translator.round_over and translator.response is None and isinstance(due, RunCalls)
+            [ran] = due.calls
             assert (ran["name"], ran["server_label"]) == ("lookup", "kb")
-            assert translator.round_message()["tool_calls"][0]["id"] == ran["id"]  # its tool message answers it
             out.append(translator.ran({ran["id"]: ("found", None)}))
+            after = translator.due()
+            assert isinstance(after, NextRound)
+            assert after.messages[0]["tool_calls"][0]["id"] == ran["id"]  # its tool message answers it
+            assert after.messages[1] == {"role": "tool", "tool_call_id": ran["id"], "content": "found"}
             translator.next_round()
         body = sse(generation.chunks())
         out += [translator.feed(piece) for piece in split(body, data.draw(st.lists(st.integers(0, len(body)), max_size=8)))]
@@ -81,7 +85,9 @@ def test_a_tool_round_then_an_answer_is_one_response(rounds: tuple[Generation, G
     # The same rounds, whole.
     whole = ResponseTranslator(call, streaming=False, **fixed())
     assert whole.complete(orjson.dumps(rounds[0].completion())) is None and whole.round_over
-    whole.ran({whole.calls_to_run()[0]["id"]: ("found", None)})
+    due = whole.due()
+    assert isinstance(due, RunCalls)
+    whole.ran({due.calls[0]["id"]: ("found", None)})
     whole.next_round()
     answered = orjson.loads(orjson.dumps(whole.complete(orjson.dumps(rounds[1].completion()))))
     assert answered == stream.response
