@@ -32,6 +32,7 @@ GENERATED = {
     "reference/cli.md": lambda: cli_page(),
     "reference/metrics.md": lambda: metrics_page(),
     "reference/errors.md": lambda: errors_page(),
+    "reference/compatibility.md": lambda: compatibility_page(),
 }
 
 
@@ -57,6 +58,48 @@ def on_page_markdown(markdown: str, page: Any, **_: Any) -> str:
         return f"[design.md {number}]({target}{anchor})"
 
     return re.sub(r"(?<![`\w/\[])design\.md (\d+(?:\.\d+)?)(?![\w`])", link, markdown)
+
+
+# -- compatibility --------------------------------------------------------------------------------
+
+WHAT_IS_DONE = {
+    "fields honoured": "Request fields honoured",
+    "fields ignored": "Request fields accepted and not sent upstream (they cannot change the tokens)",
+    "fields refused": "Request fields refused with a 400 naming them (the proxy cannot honour them)",
+    "items read": "Input items read",
+    "items dropped": "Input items accepted and dropped (counted in `proxy_ignored_total`)",
+    "items refused": "Input items refused with a 400 naming them",
+}
+
+
+def compatibility() -> dict[str, list[str]]:
+    """design.md 8.15's block: every field and item type of the openai SDK, by what is done with
+    it (tests/core/test_agent_requests.py checks it against the SDK)."""
+    design = (ROOT / "docs" / "design.md").read_text()
+    block = design[design.index("```text", design.index("8.15 ")) :]
+    block = block[: block.index("```", 3)]
+    return {
+        kind: line.partition(":")[2].split()
+        for line in block.splitlines()
+        if (kind := line.partition(":")[0]) in WHAT_IS_DONE
+    }
+
+
+def compatibility_page() -> str:
+    lines = [
+        "# Compatibility with OpenAI",
+        "",
+        "What the proxy does with every request field and input item type that the installed `openai`",
+        "SDK knows, read from design.md 8.15 at every build; a test checks that list against the SDK, so",
+        "an SDK release with a name in none of them fails there first. Lenient with what cannot change",
+        "the generated tokens, strict with what would (design.md 5.4). Each item's rules are in",
+        "design.md 8.",
+        "",
+    ]
+    for kind, names in compatibility().items():
+        listed = ", ".join(f"`{name}`" for name in names) or "none"
+        lines += [f"## {WHAT_IS_DONE[kind]}", "", listed, ""]
+    return "\n".join(lines)
 
 
 # -- the rule book --------------------------------------------------------------------------------

@@ -52,6 +52,14 @@ def test_every_error_says_when_it_is_answered(hooks: ModuleType) -> None:
     assert all(f"`{kind.__name__}`" in page for kind in kinds)
 
 
+def test_the_compatibility_page_lists_every_name_design_md_8_15_sorts(hooks: ModuleType) -> None:
+    listed = hooks.compatibility()
+    assert set(listed) == set(hooks.WHAT_IS_DONE)
+    assert "top_logprobs" in listed["fields honoured"] and "item_reference" in listed["items read"]
+    page = hooks.compatibility_page()
+    assert all(f"`{name}`" in page for names in listed.values() for name in names)
+
+
 # A code block of the guides marked `<!-- runnable -->` runs here against the proxy and the fake
 # upstream, its `http://localhost:8080` the proxy's address: a quick start that stops working fails.
 RUNNABLE = re.compile(r"<!-- runnable -->\n```(sh|python)\n(.*?)\n```", re.S)
