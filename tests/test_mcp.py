@@ -151,6 +151,24 @@ async def test_calls_wait_for_approval_by_default_and_run_once_approved(
     assert [item.type for item in again.output] == ["message"] and len(tool_server.calls) == 1
 
 
+async def test_a_compaction_trigger_turn_runs_no_call_it_approves(
+    upstream: FakeUpstream, tool_server: ToolServer, mcp_proxy: str, http: aiohttp.ClientSession
+) -> None:
+    """A trigger turn generates nothing but its summary (design.md 8.8): the call its input approves
+    is not run, where it ran and its item was dropped (14.5)."""
+    tools = [server(tool_server, require_approval="always")]
+    upstream.script(Reply(calling("calc__delete_item", '{"id": "7"}')))
+    status, asked = await create(http, mcp_proxy, {"model": "m", "input": "delete 7", "tools": tools})
+    assert status == 200 and asked["output"][-1]["type"] == "mcp_approval_request"
+    upstream.script(Reply(answering("The user wants item 7 deleted.")))
+    approval = {"type": "mcp_approval_response", "approval_request_id": asked["output"][-1]["id"], "approve": True}
+    body = {"model": "m", "previous_response_id": asked["id"], "input": [approval, {"type": "compaction_trigger"}], "tools": tools}
+    status, compacted = await create(http, mcp_proxy, body)
+    assert status == 200, compacted
+    assert [item["type"] for item in compacted["output"]] == ["compaction"]
+    assert tool_server.calls == []
+
+
 async def test_a_declined_call_is_not_run_and_the_model_is_told(
     upstream: FakeUpstream, tool_server: ToolServer, sdk: openai.AsyncOpenAI
 ) -> None:

@@ -53,6 +53,7 @@ class Output:
         "_first",
         "waiting_first",
         "first_chunk",
+        "opened",
         "began",
         "made",
     )
@@ -72,14 +73,17 @@ class Output:
         self._first = first  # told the seconds to the first generated token of a stream
         self.waiting_first = first is not None and translator.streaming
         self.first_chunk: float | None = None
-        self.began = False
+        self.opened = False  # the sink told the upstream answered
+        self.began = False  # the Response's first events written
         self.made: dict[str, Any] | None = None  # what a turn that makes no Response made (8.8)
 
     async def open(self, deadline: float | None) -> None:
         """The upstream answered the first round, or the turn made its Response itself: the
-        sink opened, and a streamed Response's first events written."""
+        sink told, once, and a streamed Response's first events written, where they were not
+        already (a background run's, 10.1)."""
+        self.opened = True
         await self.sink.opened(deadline)
-        if self._translator.streaming:
+        if self._translator.streaming and not self.began:
             await self.begin()
 
     async def begin(self) -> None:
@@ -145,7 +149,7 @@ async def _round(turn: Turn, out: Output, body: dict[str, Any]) -> None:
     or whole, its events not made."""
     translator = turn.translator
     async with turn.post(body, feeds=translator) as exchange:
-        if not out.began:
+        if not out.opened:
             await out.open(exchange.deadline)
         if not translator.streaming:
             translator.complete(await exchange.read_body())

@@ -165,9 +165,8 @@ class Turn:
             except ProxyError as error:
                 if out.began:
                     await out.write(translator.fail(error))
-                elif error.in_stream and translator.streaming:
-                    await sink.opened(None)
-                    await out.write(translator.start())
+                elif error.in_stream and translator.streaming:  # a stream of its own (8.7)
+                    await out.open(None)
                     await out.write(translator.fail(error))
                 else:
                     raise
