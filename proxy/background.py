@@ -235,7 +235,7 @@ class _EventLog:
         self._closing = False
 
     async def opened(self, deadline: float | None) -> None:
-        """Its events began before the upstream answered: it shows the run queued (10.1)."""
+        """Its events began before the upstream replied: it shows the run queued (10.1)."""
 
     @property
     def client(self) -> Client:

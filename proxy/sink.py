@@ -1,6 +1,6 @@
 """What a transport hands a turn (design.md 2.3): the sink its Response's events go into. The
-turn runs the Response whole; the sink is told when the upstream answered the first round, takes
-the events of each upstream read, and says where its client stands."""
+turn runs the Response whole; the sink is told when the first round's reply came, takes the
+events of each upstream read, and says where its client stands."""
 
 from __future__ import annotations
 
@@ -25,8 +25,8 @@ class Steered(ClientLeft):
 
 class Sink(Protocol):
     async def opened(self, deadline: float | None) -> None:
-        """The upstream answered the first round (its `deadline`, loop time, where its upstream
-        sets a `total`): what the transport answers now is the Response, its status a 200 (an
+        """The first round's reply came (its `deadline`, loop time, where its upstream sets a
+        `total`): what the transport sends now is the Response, its status a 200 (an
         HTTP stream's headers leave with its first events, design.md 4.10)."""
         ...
 

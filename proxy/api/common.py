@@ -70,7 +70,7 @@ async def stored_of(store: ResponseStore, owner: str, id: str) -> StoredResponse
 
 
 class Whole:
-    """A turn's sink where its Response is answered whole, as JSON: nothing is sent until it
+    """A turn's sink where its Response is sent whole, as JSON: nothing is sent until it
     ends, its status with it (a failure of its first round is then an HTTP status)."""
 
     client = Client.GONE

@@ -1,6 +1,6 @@
 """POST /v1/responses over HTTP: the body read, the turn planned and run by the turn layer
-(design.md 2.3) into a sink: the client's SSE stream, or nothing until its Response is whole and
-answered as JSON; a background run's is its event log (`api/background.py`)."""
+(design.md 2.3) into a sink: the client's SSE stream, or nothing until its Response is whole, sent
+as JSON; a background run's is its event log (`api/background.py`)."""
 
 from __future__ import annotations
 

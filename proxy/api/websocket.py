@@ -185,15 +185,15 @@ class _Connection:
     async def turn(self, raw: bytes | ProxyError, lane: str | None) -> None:
         """One `response.create` frame: its events (and its successors', where it was steered),
         or an `error` frame (the connection stays). A client that stopped reading, met while
-        answering or while telling a failure, ends the connection."""
+        sending its events or telling a failure, ends the connection."""
         request = self._request
         try:
-            await self._answer(raw, lane)
+            await self._create(raw, lane)
         except ClientGone:
             if request.transport is not None:
                 request.transport.abort()  # the reader sees the socket closed, and the loop ends
 
-    async def _answer(self, raw: bytes | ProxyError, lane: str | None) -> None:
+    async def _create(self, raw: bytes | ProxyError, lane: str | None) -> None:
         request = self._request
         steers: list[Steer] = []
         body: dict[str, Any] = {}

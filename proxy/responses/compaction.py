@@ -1,6 +1,6 @@
 """Compaction (design.md 8.8): a conversation too long for the model's context, rewritten by
-the model as a summary that the next turns carry in a `compaction` item, sealed. Pure: the
-HTTP layer makes the summary's chat call and hands its answer in."""
+the model as a summary that the next turns carry in a `compaction` item, sealed. Pure: the turn
+layer makes the summary's chat call and hands its answer in (`turns/compaction.py`)."""
 
 from __future__ import annotations
 

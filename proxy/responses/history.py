@@ -1,6 +1,6 @@
 """Stored responses as conversation history (design.md 9): what a response keeps of its input,
 and the input a chained or referencing request stands for. Pure: the store's reads happen in
-the HTTP layer, which hands their JSON in.
+the turn layer (`turns/history.py`), which hands their JSON in.
 """
 
 from __future__ import annotations

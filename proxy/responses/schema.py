@@ -485,7 +485,7 @@ class CreateResponse(msgspec.Struct):
     image: ImageOptions | None = None
     # Caps calls of hosted tools, which the model here never makes.
     max_tool_calls: Annotated[int, msgspec.Meta(ge=0)] | None = None
-    # Read from the store by the HTTP layer (design.md 9.4, 10.1).
+    # Read from the store by the turn layer (design.md 9.4, 10.1).
     previous_response_id: str | None = None
     background: bool | None = None
     context_management: list[ContextManagement] | None = None

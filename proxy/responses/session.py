@@ -1,6 +1,7 @@
 """The session a call belongs to (design.md 11.1): the key that sends every turn of a
-conversation to the replica holding its prefix cache. Pure: the HTTP layer hands in the
-request, its session headers and the session of the response it continues."""
+conversation to the replica holding its prefix cache. Pure: the turn layer hands in the request,
+the session its headers name (read where its caller is built) and the session of the response it
+continues."""
 
 from __future__ import annotations
 

@@ -17,14 +17,14 @@ async def counted(turn: Turn) -> int:
     dialect = upstream.wire()
     messages: dict[str, Any] = {key: chat[key] for key in ("messages", "tools") if key in chat}
     if dialect.tokenizer == "chat":
-        answer = await _post(
+        reply = await _post(
             turn, dialect.tokenize_path, {"model": chat["model"], **messages, "add_generation_prompt": True}
         )
-        counted = answer.get("count")
+        counted = reply.get("count")
     elif dialect.tokenizer == "template":
         rendered = await _post(turn, "/apply-template", messages)
-        answer = await _post(turn, dialect.tokenize_path, {"content": rendered.get("prompt"), "add_special": True})
-        counted = len(answer["tokens"]) if isinstance(answer.get("tokens"), list) else None
+        reply = await _post(turn, dialect.tokenize_path, {"content": rendered.get("prompt"), "add_special": True})
+        counted = len(reply["tokens"]) if isinstance(reply.get("tokens"), list) else None
     else:
         raise NotImplementedHere(
             f"The upstream {upstream.name} ({upstream.dialect}) has no tokenizer endpoint to count tokens with; "
@@ -39,7 +39,7 @@ async def counted(turn: Turn) -> int:
 async def _post(turn: Turn, path: str, body: dict[str, Any]) -> dict[str, Any]:
     try:
         async with turn.post(body, path) as exchange:
-            answer = orjson.loads(await exchange.read_body())
+            reply = orjson.loads(await exchange.read_body())
     except ProxyError as error:
         if error.status in (404, 405):
             raise NotImplementedHere(
@@ -48,6 +48,6 @@ async def _post(turn: Turn, path: str, body: dict[str, Any]) -> dict[str, Any]:
         raise
     except orjson.JSONDecodeError:
         raise UpstreamProtocolError(f"upstream {turn.target.upstream.name} answered {path} with no JSON") from None
-    if not isinstance(answer, dict):
+    if not isinstance(reply, dict):
         raise UpstreamProtocolError(f"upstream {turn.target.upstream.name} answered {path} with no JSON object")
-    return answer
+    return reply

@@ -17,7 +17,7 @@ from ..background import Record
 from ..errors import ProxyError
 from ..responses import history
 from ..responses.lifecycle import new_id
-from ..store import StoredResponse
+from ..store import ResponseStore, StoredResponse
 from ..upstream.affinity import Session
 from .conversations import Held
 from .history import History
@@ -92,21 +92,27 @@ class Keeping:
                 log.error("response %s was not added to its conversation: %s", kept.id, error.message)
 
 
-def keeping(
-    record: Record | None,
+def keeping_of(
+    owner: str,
+    data: dict[str, Any],
     past: History,
+    session: Session | None,
     *,
-    store: Callable[[StoredResponse], Awaitable[object]] | None,
+    store: ResponseStore | None,
+    background: bool,
     connection: Connection | None,
     conversation: Held | None,
 ) -> Keeping:
-    """The one way a turn's Response is kept: in the store where it is stored (`store`, None for
-    a background run, whose log puts it); else on its connection, unless a conversation takes
-    it; else nowhere but in its conversation."""
-    if record is None:
+    """The one way a turn's Response is kept: in the store where it is stored (`store`; a
+    background run's log puts it there, 10.2); else on its WebSocket connection, unless a
+    conversation takes it; else nowhere but in its conversation, if any."""
+    if store is None and connection is None and conversation is None:
         return Keeping()
-    if store is not None or connection is None or conversation is not None:
-        return Keeping(record, store, conversation)
+    record = record_of(owner, data, past, session)
+    if store is not None:
+        return Keeping(record, None if background else store.save, conversation)
+    if connection is None or conversation is not None:
+        return Keeping(record, None, conversation)
     chain = past.chain
 
     async def on_connection(kept: StoredResponse) -> None:

@@ -73,12 +73,12 @@ class Output:
         self._first = first  # told the seconds to the first generated token of a stream
         self.waiting_first = first is not None and translator.streaming
         self.first_chunk: float | None = None
-        self.opened = False  # the sink told the upstream answered
+        self.opened = False  # the sink told the first reply came
         self.began = False  # the Response's first events written
         self.made: dict[str, Any] | None = None  # what a turn that makes no Response made (8.8)
 
     async def open(self, deadline: float | None) -> None:
-        """The upstream answered the first round, or the turn made its Response itself: the
+        """The first round's reply came, or the turn made its Response itself: the
         sink told, once, and a streamed Response's first events written, where they were not
         already (a background run's, 10.1)."""
         self.opened = True

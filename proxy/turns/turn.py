@@ -33,7 +33,7 @@ from . import rounds
 from .conversations import Held, hold
 from .files import read_files
 from .history import History, read_history
-from .keeping import Connection, Keeping, keeping, record_of
+from .keeping import Connection, Keeping, keeping_of
 from .rounds import Asks
 from .tools import ServerCalls, prepare
 
@@ -135,7 +135,7 @@ class Turn:
     ) -> AbstractAsyncContextManager[Exchange]:
         """One of the turn's upstream calls (a round's, a summary's, a token count's), sent when
         entered; its client span, where tracing is on (design.md 12.1), and a chat call's
-        duration (12.2: a token count is no GenAI operation); `feeds`: the translator its answer
+        duration (12.2: a token count is no GenAI operation); `feeds`: the translator its reply
         goes through, what they read of it."""
         headers = self.caller.upstream_headers()
         exchange = self.upstream.post(path, body, headers, session=self.session)
@@ -146,7 +146,7 @@ class Turn:
     async def run(self, sink: Sink) -> dict[str, Any] | None:
         """The Response, from its first round to its terminal event, into `sink`: the one way
         every transport runs a turn (design.md 2.3). A failure before its events began is the
-        transport's to answer (raised), unless its client reads it from the events (8.7), in a
+        transport's to send (raised), unless its client reads it from the events (8.7), in a
         stream of its own; after, the Response fails. A cancel ends it as the sink's client
         takes one; a steer stops it `incomplete` (8.14). The finished Response is kept before
         its terminal event leaves (9.2), and counted (11.4, 12.2); the turn's conversation is let
@@ -157,7 +157,7 @@ class Turn:
         out = rounds.Output(translator, sink, self.keeping, self.caller.started, self._first if foreground else None)
         try:
             try:
-                if self.call.background:  # its log shows it queued before the upstream answers (10.1)
+                if self.call.background:  # its log shows it queued before the upstream replies (10.1)
                     await out.begin()
                 await rounds.run(self, out)
             except Steered:
@@ -247,7 +247,7 @@ async def plan_turn(
         if parsed.background:
             _runs_in_the_background(runtime, asks, stored)
         generates = asks is Asks.RESPONSE
-        servers, calls = await prepare(runtime.mcp, runtime.sealer, caller.owner, past.request, runs=generates)
+        servers, tools = await prepare(runtime.mcp, runtime.sealer, caller.owner, past.request, runs=generates)
         settings = translation_settings(target, runtime.sealer)
         call = plan_call(past.request, settings, stored=stored, servers=servers)
         if not generates:
@@ -258,12 +258,22 @@ async def plan_turn(
         if tracing is not None and session is not None:  # gen_ai.conversation.id
             tracing.turn(parsed.model, call.chat, call.stream, session.key, target.upstream.dialect)
         routing = session if client.keyed else None
-        kept = asks.ends_a_turn and (stored or connection is not None or held is not None)
-        record = record_of(caller.owner, data, past, routing) if kept else None
-        # A background run's log puts its record, under its lease (10.2).
-        put = store.save if store is not None and stored and not call.background else None
-        how = keeping(record, past, store=put, connection=connection if not stored else None, conversation=held)
-        # A background run reads the upstream as a stream: its events are what it keeps (10.2).
+        keeping = (
+            keeping_of(
+                caller.owner,
+                data,
+                past,
+                routing,
+                store=store if stored else None,
+                background=call.background,
+                connection=connection,
+                conversation=held,
+            )
+            if asks.ends_a_turn
+            else Keeping()
+        )
+        # It streams as its upstream call does, decided where its chat request is (a background
+        # run's always does, 10.2).
         translator = ResponseTranslator(
             call, streaming=call.chat["stream"], request_id=caller.request_id, max_event=target.upstream.max_event_bytes
         )
@@ -276,8 +286,8 @@ async def plan_turn(
             target,
             client,
             routing,
-            how,
-            calls,
+            keeping,
+            tools,
             translator,
             runtime.metrics,
             tracing,
