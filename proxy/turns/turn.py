@@ -183,7 +183,7 @@ class Turn:
             await self.release()
         log_failure(translator.error, self.caller.where, self.caller.request_id)
         response = translator.response
-        if response is not None and foreground:
+        if response is not None and foreground and self.asks is not Asks.NOTHING:  # no upstream call, no tokens
             self._count(response, out.first_chunk)
         return out.made if self.asks is Asks.COMPACTION else response
 
