@@ -226,10 +226,49 @@ async def test_the_default_threshold_is_a_share_of_the_routes_context_window(ups
 
 
 async def test_a_summary_that_fails_leaves_the_answer_whole(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
-    upstream.script(Reply(ANSWER), Reply(status=500, body={"error": {"message": "out of memory"}}))
+    """Its compaction item, added as the summary began, ends empty; a later turn drops it."""
+    upstream.script(Reply(ANSWER), Reply(status=500, body={"error": {"message": "out of memory"}}), Reply(HI))
     response = await _turn(http, proxy, {"model": "m", "input": "q", "context_management": AT_120, "stream": True})
-    assert [item["type"] for item in response["output"]] == ["message"] and response["status"] == "completed"
+    answer, item = response["output"]
+    assert (answer["type"], item["type"], item["encrypted_content"], response["status"]) == ("message", "compaction", "", "completed")
     assert response["usage"]["input_tokens"] == 100
+    await _turn(http, proxy, {"model": "m", "input": [{"role": "user", "content": "q"}, *response["output"], {"role": "user", "content": "next"}]})
+    assert [m["role"] for m in upstream.requests[-1]["messages"]] == ["user", "assistant", "user"]
+
+
+@pytest.mark.parametrize("trigger", [True, False], ids=["compaction_trigger", "context_management"])
+async def test_compacting_streams_while_the_summary_is_sampled(
+    upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession, trigger: bool
+) -> None:
+    """design.md 8.8, 8.10: the compaction item is added and `response.compaction.compacting`
+    leaves before the summary's upstream call, which takes its time; the item is done once the
+    summary came."""
+    sampling = 1.0
+    summary = Reply(SUMMARISED, headers_delay=sampling)
+    if trigger:
+        upstream.script(summary)
+        body = {"model": "m", "input": [*HISTORY, {"type": "compaction_trigger"}], "stream": True}
+    else:
+        upstream.script(Reply(ANSWER), summary)
+        body = {"model": "m", "input": HISTORY, "context_management": AT_120, "stream": True}
+    arrived: list[float] = []  # when each event came
+    raw = b""
+    async with http.post(f"{proxy}/v1/responses", json=body) as answer:
+        async for line in answer.content:
+            raw += line
+            if line.startswith(b"event: "):
+                arrived.append(asyncio.get_running_loop().time())
+    events = parse_sse(raw)
+    for event in events:
+        validate_event(event)
+    kinds = [event["type"] for event in events]
+    assert kinds[-4:] == ["response.output_item.added", "response.compaction.compacting", "response.output_item.done", "response.completed"]
+    added, compacting, done = events[-4:-1]
+    item = events[-1]["response"]["output"][-1]
+    assert added["item"] == {**item, "encrypted_content": ""} and done["item"] == item and item["encrypted_content"]
+    assert (compacting["item_id"], compacting["output_index"]) == (item["id"], len(events[-1]["response"]["output"]) - 1)
+    # The event came as the summary's call began, not with its end.
+    assert arrived[-2] - arrived[-3] > sampling / 2
 
 
 async def test_a_tool_call_answered_after_the_compaction_stays_with_its_output(
@@ -299,7 +338,7 @@ async def test_the_summary_gets_the_answers_connection(upstream: FakeUpstream, s
 
 async def test_a_cancel_during_the_summary_completes_the_answer(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
     """A background run cancelled while its summary is made ends with its answer, whole, and
-    `completed`: nothing waits on it forever."""
+    `completed`, its compaction item empty: nothing waits on it forever."""
     upstream.script(Reply(ANSWER), Reply(SUMMARISED, headers_delay=5))
     queued = await _turn(http, proxy, {"model": "m", "input": "q", "context_management": AT_120, "background": True})
     async with asyncio.timeout(5):
@@ -310,7 +349,8 @@ async def test_a_cancel_during_the_summary_completes_the_answer(upstream: FakeUp
     async with asyncio.timeout(5):
         while (ended := await _stored(http, proxy, queued["id"]))["status"] in ("queued", "in_progress"):
             await asyncio.sleep(0.05)
-    assert ended["status"] == "completed" and [item["type"] for item in ended["output"]] == ["message"]
+    assert ended["status"] == "completed" and [item["type"] for item in ended["output"]] == ["message", "compaction"]
+    assert ended["output"][1]["encrypted_content"] == ""
 
 
 async def test_a_client_that_leaves_during_the_summary_leaves_its_answer_kept(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:
@@ -329,7 +369,8 @@ async def test_a_client_that_leaves_during_the_summary_leaves_its_answer_kept(up
         while upstream.disconnects < 1:  # the summary call is left, not waited for
             await asyncio.sleep(0.02)
     kept = await _stored(http, proxy, id)
-    assert kept["status"] == "completed" and [item["type"] for item in kept["output"]] == ["message"]
+    assert kept["status"] == "completed" and [item["type"] for item in kept["output"]] == ["message", "compaction"]
+    assert kept["output"][1]["encrypted_content"] == ""  # added as the summary began, left empty
 
 
 async def test_a_compaction_trigger_turn_in_the_background_is_a_400(upstream: FakeUpstream, proxy: str, http: aiohttp.ClientSession) -> None:

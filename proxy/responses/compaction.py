@@ -47,8 +47,9 @@ def triggered(request: CreateResponse) -> bool:
     return isinstance(items, list) and bool(items) and isinstance(items[-1], CompactionTrigger)
 
 
-def compaction_item(summary: str, sealer: Sealer, new_id: IdSource) -> dict[str, Any]:
-    return {"id": new_id("cmp"), "type": "compaction", "encrypted_content": sealer.seal(summary)}
+def compaction_item(sealed: str, new_id: IdSource) -> dict[str, Any]:
+    """A `compaction` item of a summary sealed as reasoning is (design.md 8.6)."""
+    return {"id": new_id("cmp"), "type": "compaction", "encrypted_content": sealed}
 
 
 def compacted(

@@ -241,8 +241,6 @@ def progress(item: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
             ("response.mcp_call.in_progress", {}),
             ("response.mcp_call.failed" if failed else "response.mcp_call.completed", {}),
         ]
-    if item["type"] == "compaction":  # the newest SDKs' sign of a summary sampled (design.md 8.8)
-        return [("response.compaction.compacting", {})]
     return []
 
 

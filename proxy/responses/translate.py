@@ -14,7 +14,6 @@ carries those not yet delivered, the done events the whole list, so the message 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -24,6 +23,7 @@ import orjson
 from ..errors import ProxyError, UpstreamError, UpstreamProtocolError
 from .calls import NAMELESS_CALL, ToolCall, cut_short, status_at, whole
 from .chat import Chunk, ChunkShape, Delta, ToolCallDelta, Usage, decode_chunk, upstream_error, usage_of
+from .compaction import compaction_item
 from .events import Events, OpenItem, open_form, text_part
 from .lifecycle import (
     INCOMPLETE_REASONS,
@@ -119,6 +119,7 @@ class ResponseTranslator:
         self._pending: list[tuple[OpenItem, dict[str, Any]]] = []
         self._next: list[dict[str, Any]] = []  # the next round's messages, once the calls ran
         self._round_text = 0  # the message's parts from before this round
+        self._compaction: OpenItem | None = None  # opened as its summary is sampled (8.8)
         self.response: dict[str, Any] | None = None  # set once a terminal event is built
         self.error: ProxyError | None = None
         self.round_over = False  # its upstream call finished, another round due (design.md 2.3)
@@ -468,10 +469,14 @@ class ResponseTranslator:
 
     def _close_all(self, cut: OpenItem | ToolCall | None, default: str) -> None:
         """Close every open item; `cut` (the item generated when the stream stopped) gets
-        `incomplete`, the others `default`."""
+        `incomplete`, the others `default`; a compaction item as it stands (empty, where no
+        summary came)."""
         self._close_calls(cut, default)
         self._ran({})  # MCP calls that did not run, their turn over
         self._close_message(status_at(self._message, cut, default))
+        compaction, self._compaction = self._compaction, None
+        if compaction is not None:
+            self._events.emit("response.output_item.done", output_index=compaction.index, item=compaction.item)
 
     def _close_calls(self, cut: OpenItem | ToolCall | None, default: str) -> None:
         """Close every open item but the message, which stays open across rounds (3.8)."""
@@ -595,20 +600,28 @@ class ResponseTranslator:
         self._calls = {}
         self._next = []
 
+    def compacting(self) -> bytes:
+        """The conversation's summary is being sampled (design.md 8.8, 8.10): its `compaction`
+        item added, empty, and `response.compaction.compacting`, before the summary's call, so
+        that a client sees the turn go on; `end` closes the item."""
+        self._compaction = self._open(compaction_item("", self._new_id))
+        self._events.emit("response.compaction.compacting", **self._compaction.at)
+        return self._flush()
+
     def end(
-        self, items: Sequence[dict[str, Any]] = (), usage: dict[str, Any] | None = None, incomplete: str | None = None
+        self, summary: str | None = None, usage: dict[str, Any] | None = None, incomplete: str | None = None
     ) -> bytes:
         """End a response between rounds, or before the first where the turn makes it whole
-        itself (a `compaction_trigger` turn's, 8.8; one that generates nothing, 8.9): `items` the
-        turn made (a `compaction` item, 8.10) added after the rounds' own, `usage` (a summary
-        call's) added to theirs; completed, or `incomplete` for that reason (its output tokens
-        spent before the next round, 14.4)."""
+        itself (a `compaction_trigger` turn's, 8.8; one that generates nothing, 8.9): the item
+        `compacting` opened takes the sealed `summary` (without one, it ends empty), `usage` (the
+        summary call's) added to the rounds'; completed, or `incomplete` for that reason (its
+        output tokens spent before the next round, 14.4)."""
         if self.response is not None:
             return b""
         self.round_over = False
+        if summary is not None and self._compaction is not None:
+            self._compaction.item["encrypted_content"] = summary
         self._close_all(None, "completed")
-        for item in items:
-            self._add_whole(item)
         if incomplete is not None:
             self._terminate("incomplete", incomplete_details={"reason": incomplete})
         else:

@@ -35,17 +35,18 @@ _NOT_FOR_A_SUMMARY = (
 )
 
 
-async def summary(turn: Turn, output: list[dict[str, Any]] | None = None) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The `compaction` item of the turn's conversation, its `output` after it, sealed; and the
-    summary call's usage."""
+async def summary(turn: Turn, output: list[dict[str, Any]] | None = None) -> tuple[str, dict[str, Any]]:
+    """The summary of the turn's conversation, its `output` after it, sealed as a `compaction`
+    item carries it; and the summary call's usage."""
     text, usage = await _summarised(turn, output)
-    return compaction.compaction_item(text, _sealer(turn), new_id), usage
+    return _sealer(turn).seal(text), usage
 
 
 async def compacted(turn: Turn) -> dict[str, Any]:
     """`/v1/responses/compact`'s output (a turn that keeps nothing): the conversation's user
     messages and configuration updates, then its summary, sealed (design.md 8.8)."""
-    item, usage = await summary(turn)
+    sealed, usage = await summary(turn)
+    item = compaction.compaction_item(sealed, new_id)
     kept = [
         _kept(entry)
         for entry in turn.past.request.items()

@@ -112,10 +112,10 @@ async def run(turn: Turn, out: Output) -> None:
         case Asks.COMPACTION:
             out.made = await compaction.compacted(turn)
             return
-        case Asks.SUMMARY:  # its one round: the Response is its compaction item (8.8)
-            item, usage = await compaction.summary(turn)
+        case Asks.SUMMARY:  # its one round: the Response is its compaction item, open while it is sampled (8.8)
             await out.open(None)
-            await out.write(translator.end([item], usage))
+            await out.write(translator.compacting())
+            await out.write(translator.end(*await compaction.summary(turn)))
             return
         case Asks.NOTHING:
             await out.open(None)
@@ -140,6 +140,7 @@ async def run(turn: Turn, out: Output) -> None:
             case End(incomplete):
                 await out.write(translator.end(incomplete=incomplete))
             case Summary():
+                await out.write(translator.compacting())
                 await out.write(translator.end(*await _summary(turn)))
 
 
@@ -199,13 +200,13 @@ def _next_body(turn: Turn, messages: list[dict[str, Any]], left: int | None) -> 
     return body
 
 
-async def _summary(turn: Turn) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
+async def _summary(turn: Turn) -> tuple[str | None, dict[str, Any] | None]:
     """The summary due after a turn whose conversation, its answer included, crossed its
-    `context_management` threshold (design.md 8.10): the `compaction` item and the summary
-    call's usage. One that fails is logged, and the answer completes without it: the turn's own
-    tokens are whole."""
+    `context_management` threshold (design.md 8.10), sealed, and the summary call's usage. One
+    that fails is logged, and the answer completes with its compaction item empty: the turn's
+    own tokens are whole."""
     try:
-        item, usage = await compaction.summary(turn, turn.translator.output)
+        sealed, usage = await compaction.summary(turn, turn.translator.output)
     except Exception as error:  # whatever failed, the answer stays whole; the unforeseen logged whole
         foreseen = error.message if isinstance(error, ProxyError) else None
         log.warning(
@@ -214,5 +215,5 @@ async def _summary(turn: Turn) -> tuple[list[dict[str, Any]], dict[str, Any] | N
             exc_info=foreseen is None,
             extra={"request_id": turn.caller.request_id},
         )
-        return [], None
-    return [item], usage
+        return None, None
+    return sealed, usage

@@ -173,7 +173,7 @@ class Turn:
             except asyncio.CancelledError:
                 client = sink.client
                 if client is Client.GONE:
-                    if translator.summary_due:  # kept without its compaction (8.10); an unfinished one is not
+                    if translator.summary_due:  # kept, its compaction item empty (8.10); an unfinished one is not
                         with contextlib.suppress(Exception):  # the client is gone: only the keeping counts
                             await out.write(translator.end())
                     raise

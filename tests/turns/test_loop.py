@@ -189,7 +189,7 @@ async def test_a_compaction_trigger_turn_is_its_summary(seam: Seam, stream: bool
     assert summary["stream"] is False and summary["messages"][-1]["role"] == "user"
     (item,) = response["output"]
     assert item["type"] == "compaction" and response["status"] == "completed"
-    assert sink.opened_with == [None]  # once the summary is made: no upstream stream to wait on
+    assert sink.opened_with == [None]  # before the summary's call, whose item it shows (8.8)
     if stream:
         assert check_stream(sink.events).response == response
     assert await stored(runtime, response["id"]) == response
@@ -227,8 +227,8 @@ async def test_a_cancel_between_rounds_ends_the_response_as_its_client_takes_it(
 
 
 async def test_a_client_gone_while_the_summary_is_made_leaves_the_answer_kept(seam: Seam) -> None:
-    """Between rounds, an answer whole (its compaction due) is kept, completed, without its
-    compaction (8.10); the cancel goes on."""
+    """Between rounds, an answer whole (its compaction due) is kept, completed, its compaction
+    item empty (8.10); the cancel goes on."""
     runtime, upstream = await seam()
     upstream.script(Streamed(answering("It is 5.", prompt_tokens=200)), Silent())
     body = {"model": "m", "input": "2 + 3?", "stream": True, "context_management": [{"type": "compaction", "compact_threshold": 100}]}
@@ -243,7 +243,7 @@ async def test_a_client_gone_while_the_summary_is_made_leaves_the_answer_kept(se
         await running
     kept = await stored(runtime, id)
     assert kept is not None and kept["status"] == "completed"
-    assert [item["type"] for item in kept["output"]] == ["message"]
+    assert [(item["type"], item.get("encrypted_content")) for item in kept["output"]] == [("message", None), ("compaction", "")]
 
 
 async def test_an_upstream_refusal_mid_loop_fails_the_response_with_the_rounds_done(seam: Seam, tool_server: ToolServer) -> None:
