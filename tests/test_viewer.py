@@ -603,7 +603,7 @@ async def test_the_list_keeps_the_apis_order_across_its_pages(upstream: FakeUpst
 
 # A realistic answer for the documentation's pictures: a reasoning, then an answer, each token
 # with the alternatives a model weighed.
-THOUGHT = [
+PICTURED_THOUGHT = [
     _scored("The", -0.02, ("So", -4.1)),
     _scored(" user", -0.01, (" question", -5.2)),
     _scored(" asks", -0.3, (" wants", -1.4), (" is", -3.0)),
@@ -613,7 +613,7 @@ THOUGHT = [
     _scored(" capital", -0.01),
     _scored(".", -0.6, (":", -1.0), (",", -2.9)),
 ]
-SAID_WITH_ALTERNATIVES = [
+PICTURED_ANSWER = [
     _scored("The", -0.25, ("Paris", -1.6), ("France", -3.3)),
     _scored(" capital", -0.02),
     _scored(" of", -0.01),
@@ -628,8 +628,8 @@ SAID_WITH_ALTERNATIVES = [
 ]
 REALISTIC = Generation(
     [
-        *(Step("reasoning", entry["token"], [entry]) for entry in THOUGHT),
-        *(Step("text", entry["token"], [entry]) for entry in SAID_WITH_ALTERNATIVES),
+        *(Step("reasoning", entry["token"], [entry]) for entry in PICTURED_THOUGHT),
+        *(Step("text", entry["token"], [entry]) for entry in PICTURED_ANSWER),
         Step("finish", finish_reason="stop"),
     ]
 )
@@ -670,7 +670,7 @@ async def test_the_documentations_pictures(upstream: FakeUpstream, start_proxy, 
     seen = await asyncio.to_thread(drive)
     assert "." in seen["tooltip"] and "70.5%" in seen["tooltip"]  # exp(-0.35): the alternative the model passed over
     assert len(seen["kinds"]) == 2, seen["kinds"]  # the reasoning's strip and the answer's
-    thought, said = ("".join(entry["token"] for entry in part) for part in (THOUGHT, SAID_WITH_ALTERNATIVES))
+    thought, said = ("".join(entry["token"] for entry in part) for part in (PICTURED_THOUGHT, PICTURED_ANSWER))
     assert [strip.replace("\u2423", " ") for strip in seen["strips"]][-2:] == [thought, said]
     for name in ("viewer-live.png", "viewer-response.png"):
         assert (shots / name).stat().st_size > 10_000, name
