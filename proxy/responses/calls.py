@@ -38,6 +38,8 @@ class ToolCall:
         ref = self.ref
         if ref.native is not None:  # its action shows once whole (design.md 8.13)
             return native.opened(ref.native, new_id(_PREFIXES[ref.native]), self.call_id or new_id("call"))
+        if ref.search:  # the proxy's own, run after the round (8.17)
+            return native.opened("tool_search", new_id("tsc"), self.call_id or new_id("call"), "server")
         if ref.builtin is not None:  # its query shows once whole (design.md 14.8)
             return builtin_item(ref.builtin, new_id("ws" if ref.builtin == "web_search" else "fs"), None)
         if ref.server is not None:
@@ -54,15 +56,17 @@ class ToolCall:
         return {"id": new_id("fc"), "type": "function_call", "status": "in_progress", **fields, "arguments": ""}
 
     def run(self) -> dict[str, Any]:
-        """What the proxy runs of a call of a tool it runs: its item's id and type, and the MCP
-        server's tool and arguments (design.md 14.4, 14.8)."""
-        assert self.item is not None and self.ref.server is not None
+        """What the proxy runs of a call of a tool it runs: its item's id and type, the id of the
+        chat call its result answers (`chat_form`), and the MCP server's tool and arguments
+        (design.md 14.4, 14.8), or its search's (8.17)."""
+        assert self.item is not None and self.ref.runs_here
         arguments = "".join(self.arguments)
-        if self.ref.builtin is not None:
+        if self.ref.builtin is not None or self.ref.search:
             arguments = orjson.dumps({"query": query_of(arguments)}).decode()
         return {
             "id": self.item.item["id"],
             "type": self.item.item["type"],
+            "answers": self.chat_form()["id"],
             "server_label": self.ref.server,
             "name": self.ref.name,
             "arguments": arguments,
@@ -70,7 +74,8 @@ class ToolCall:
 
     def chat_form(self) -> dict[str, Any]:
         """The call as a chat assistant message carries it; an MCP call under its item's id,
-        which the tool message of its result answers (design.md 14.4)."""
+        which the tool message of its result answers (design.md 14.4); a search under its call's
+        id, as its items are replayed (8.17)."""
         id = self.item.item["id"] if self.item is not None and self.ref.server else self.call_id
         return {"id": id, "type": "function", "function": {"name": self.name, "arguments": "".join(self.arguments)}}
 

@@ -79,7 +79,7 @@ def kept_item(item: ConfigurationUpdate | ToolSearchCall | ToolSearchOutput, new
             tool.sent if isinstance(tool, HostedTool) else msgspec.to_builtins(tool) for tool in item.tools
         ]
     if not isinstance(item, ConfigurationUpdate):
-        kept.update(execution="client", status="completed")
+        kept["status"] = "completed"
     return kept
 
 

@@ -217,10 +217,13 @@ def tool_message(output: str | None, error: Any) -> str:
 
 
 def opening(item: dict[str, Any]) -> dict[str, Any]:
-    """An item the proxy makes whole (a listing, a call it ran before the model's first round)
-    as its `output_item.added` shows it: not yet done (design.md 14.3, 14.5)."""
+    """An item the proxy makes whole (a listing, a call it ran before the model's first round,
+    what its tool search found) as its `output_item.added` shows it: not yet done (design.md
+    14.3, 14.5, 8.17)."""
     if item["type"] == "mcp_list_tools":
         return {**item, "tools": []}
+    if item["type"] == "tool_search_output":  # what a search found (design.md 8.17)
+        return {**item, "status": "in_progress", "tools": []}
     if item["type"] == "mcp_call":
         return {**item, "status": "in_progress", "output": None, "error": None}
     return item
@@ -244,7 +247,7 @@ def progress(item: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     return []
 
 
-# The items of calls the proxy runs: they stay open after their round until they ran (14.4, 14.8).
+# The items of calls the proxy runs on an MCP server, made whole by `whole_call` (14.4, 14.8).
 RUN_ITEMS = frozenset({"mcp_call", "web_search_call", "file_search_call"})
 
 
@@ -263,11 +266,13 @@ def whole_call(item: dict[str, Any], arguments: str) -> list[tuple[str, dict[str
     return [(f"response.{kind}.searching", {})]
 
 
-def finished_call(item: dict[str, Any], output: str | None, error: dict[str, Any] | None) -> tuple[str, str]:
+def finished_call(item: dict[str, Any], output: str | None, error: dict[str, Any] | None) -> tuple[str, str | None]:
     """A call the proxy ran (or, with neither output nor error, did not): its item's fields
-    set; its status, and the event that says it ended."""
+    set; its status, and the event that says it ended (a tool search has none, 8.17)."""
     status = "failed" if error is not None else "incomplete" if output is None else "completed"
     kind = item["type"]
+    if kind == "tool_search_call":  # its output is an item of its own
+        return status, None
     if kind == "mcp_call":
         item.update(output=output, error=error)
         return status, "response.mcp_call.completed" if status == "completed" else "response.mcp_call.failed"

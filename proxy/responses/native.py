@@ -31,7 +31,7 @@ class ApplyPatchTool(_Item, tag="apply_patch"):
 class ToolSearchTool(_Item, tag="tool_search"):
     """A search for the request's deferred tools (design.md 8.17): run by the client
     (`execution: client`), offered to the model as a function of the client's description and
-    parameters; run by the server (OpenAI's default), refused."""
+    parameters; run by the server (OpenAI's default), run by the proxy."""
 
     execution: Literal["server", "client"] | None = None
     description: str | None = None
@@ -124,11 +124,12 @@ class ApplyPatchCallOutput(_Item, tag="apply_patch_call_output"):
 
 
 class ToolSearchCall(_Item, tag="tool_search_call"):
-    """The model's search, which its client ran (design.md 8.17): replayed as the call of the
-    search function."""
+    """The model's search, which its client or the proxy ran (design.md 8.17): replayed as the
+    call of the search function."""
 
     call_id: CallId
     arguments: Any = None
+    execution: Literal["server", "client"] = "client"
 
 
 NATIVE_CALLS = (ShellCall, LocalShellCall, ApplyPatchCall, ToolSearchCall)
@@ -215,11 +216,12 @@ def function_of(kind: str, tool: Any) -> dict[str, Any]:
     return function
 
 
-def opened(kind: str, id: str, call_id: str) -> dict[str, Any]:
-    """The item of a call as the model begins it: its action known once the call is whole."""
+def opened(kind: str, id: str, call_id: str, execution: str = "client") -> dict[str, Any]:
+    """The item of a call as the model begins it: its action known once the call is whole; a
+    tool search's by who runs it."""
     fields = {"id": id, "type": ITEMS[kind], "call_id": call_id, "status": "in_progress"}
     if kind == "tool_search":
-        return {**fields, "execution": "client", "arguments": {}}
+        return {**fields, "execution": execution, "arguments": {}}
     if kind == "apply_patch":  # an operation of the SDK's type until the call's own is known
         return {**fields, "operation": {"type": "create_file", "path": "", "diff": ""}}
     return {

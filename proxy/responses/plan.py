@@ -36,18 +36,15 @@ from .schema import (
     ConfigurationUpdate,
     ContentPart,
     CreateResponse,
-    CustomTool,
     CustomToolCall,
     DroppedItem,
     EncryptedContent,
     FunctionCall,
-    FunctionTool,
     HostedTool,
     HostedToolChoice,
     InputImage,
     InputText,
     Message,
-    NamespaceTool,
     OutputText,
     Reasoning,
     ReasoningConfig,
@@ -221,7 +218,7 @@ def _offered(
     """The chat functions the model is offered and the chat `tool_choice`: the client's tools
     as its choice allows them (design.md 8.4). With none to offer, neither is sent: chat servers
     refuse a `tool_choice` without `tools`."""
-    functions: list[dict[str, Any]] = table.functions
+    functions: list[dict[str, Any]] = list(table.functions)  # a search adds to the table later (8.17)
     chosen: Any = choice
     if isinstance(choice, HostedToolChoice) and (answered := table.typed(choice.kind)) is not None:
         chosen = {"type": "function", "function": {"name": answered}}
@@ -413,7 +410,7 @@ class _Conversation:
         elif isinstance(item, NATIVE_OUTPUTS):
             self._output(*chat_output(item))
         elif isinstance(item, ToolSearchOutput):
-            self._output(item.call_id, self._loaded(item.tools))
+            self._output(item.call_id, table.loaded(item.tools))
         elif isinstance(item, McpCall):
             self._tool_call(item.id, table.server_chat_name(item.server_label, item.name), item.arguments)
             self._add({"role": "tool", "tool_call_id": item.id, "content": mcp_tool_message(item.output, item.error)})
@@ -424,19 +421,6 @@ class _Conversation:
             self._add({"role": "tool", "tool_call_id": item.approval_request_id, "content": answer}, tool=True)
         elif isinstance(item, DroppedItem):
             self._ignored.append(f"input:{item.kind}")
-
-    def _loaded(self, tools: list[Tool]) -> str:
-        """What the model reads of its tool search's result: the functions it can call now,
-        by the names it is offered them under (design.md 8.17)."""
-        table, names = self._table, []
-        for tool in tools:
-            if isinstance(tool, NamespaceTool):
-                names += [table.chat_name(member.name, tool.name) for member in tool.tools]
-            elif isinstance(tool, FunctionTool | CustomTool):
-                names.append(table.chat_name(tool.name, None))
-            elif isinstance(tool, McpTool):
-                names += [name for (label, _), name in table.server_tools() if label == tool.server_label]
-        return f"Tools loaded, now callable: {', '.join(names)}." if names else "No tools found."
 
     def _agent_message(self, item: AgentMessage) -> None:
         """Another agent's message, as the user's turn it is to this model, naming its author

@@ -59,7 +59,8 @@ _COMPACTION_NAMES = ("compaction_summary", "context_compaction")
 # 14), and every other type is OpenAI's servers' (or an operator's MCP tool, 14.6).
 CLIENT_TOOLS = frozenset({"function", "custom", "namespace"})
 _READ_TOOLS = CLIENT_TOOLS | {"mcp", "shell", "local_shell", "apply_patch", "tool_search"}  # 8.13, 8.17
-# A tool search's items: read where its client ran it; OpenAI's own (`execution: server`) dropped.
+# A tool search's items: read where the client or this proxy ran it; OpenAI's own search names
+# no call (`execution: server`, no `call_id`), and is dropped.
 _SEARCH_ITEMS = ("tool_search_call", "tool_search_output")
 # The tag that stands in for what a request names but the proxy drops (hosted tools, items
 # with no chat form), so that msgspec still reports later entries at their own index.
@@ -177,11 +178,12 @@ class AdditionalTools(_Tagged, tag="additional_tools"):
 
 
 class ToolSearchOutput(_Tagged, tag="tool_search_output"):
-    """What the client's tool search found (design.md 8.17): the tools it loads, offered from
-    this point of the conversation on; the tool message of its call."""
+    """What a tool search found, the client's or the proxy's (design.md 8.17): the tools it
+    loads, offered from this point of the conversation on; the tool message of its call."""
 
     call_id: CallId
     tools: list[Tool] = []
+    execution: Literal["server", "client"] = "client"
 
 
 class ConfigurationReasoning(msgspec.Struct):
@@ -576,7 +578,7 @@ def _prepared(items: list[Any], sent_as: str | None) -> list[Any]:
             item = {**item, "type": "compaction"}
         elif kind == "context_compaction":  # a marker with no summary
             item = {"type": _DROPPED, "kind": kind}
-        if kind in _SEARCH_ITEMS and item.get("execution") == "server":
+        if kind in _SEARCH_ITEMS and item.get("execution") == "server" and not item.get("call_id"):
             item = {"type": _DROPPED, "kind": kind}
         elif kind in ("additional_tools", "tool_search_output") and isinstance(item.get("tools"), list):
             item = {**item, "tools": [_stand_in(tool, _hosted) for tool in item["tools"]]}
@@ -701,21 +703,15 @@ def _refuse_unsupported(request: CreateResponse) -> None:
 
 def _check_deferral(request: CreateResponse) -> None:
     """Deferred tools and the search that loads them go together, as OpenAI has them (design.md
-    8.17): one without the other is a 400 naming `tools`; a search the server is to run, which
-    this proxy does not (yet), a 400 naming its `execution`."""
+    8.17): one without the other is a 400 naming `tools`; a second search, which the model could
+    not tell from the first, a 400 naming it."""
     given = [(f"tools[{index}]", tool) for index, tool in enumerate(request.tools or ())]
     for at, item in enumerate(request.input if isinstance(request.input, list) else ()):
         if isinstance(item, AdditionalTools):
             given += [(f"input[{at}].tools[{index}]", tool) for index, tool in enumerate(item.tools)]
     searches = [(where, tool) for where, tool in given if isinstance(tool, ToolSearchTool)]
-    for where, search in searches:
-        if search.execution != "client":
-            raise InvalidRequest(
-                "A tool search run by the server is not supported by this proxy: give it `execution: client` "
-                "and run the search in the client.",
-                param=f"{where}.execution",
-                code="unsupported_parameter",
-            )
+    if len(searches) > 1:
+        raise InvalidRequest("Only one tool_search tool may be given.", param=searches[1][0])
     some_deferred = any(deferred(tool) or _defers_a_member(tool) for _, tool in given)
     if some_deferred and not searches:
         raise InvalidRequest(

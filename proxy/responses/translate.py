@@ -39,8 +39,9 @@ from .lifecycle import (
     usage_sum,
 )
 from .logprobs import ScoreBuffer
-from .mcp import RUN_ITEMS, finished_call, tool_message
+from .mcp import finished_call, tool_message
 from .plan import Call
+from .schema import Tool
 from .sse import DEFAULT_MAX_EVENT, SSEDecoder
 
 # What is due after a round (design.md 2.3), as `due()` says it, for the turn to match on.
@@ -57,10 +58,12 @@ class RunCalls:
 @dataclass(frozen=True, slots=True)
 class NextRound:
     """The model's next round (14.4): the messages its chat adds (the round's text and calls,
-    then each call's result) and the output tokens left it (None: no limit)."""
+    then each call's result), the output tokens left it (None: no limit), and the functions its
+    chat offers besides the rounds' before (those the round's tool search loaded, 8.17)."""
 
     messages: list[dict[str, Any]]
     tokens_left: int | None
+    functions: list[dict[str, Any]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,6 +121,7 @@ class ResponseTranslator:
         # The calls the proxy runs that the model made, to run after its round, with what runs (14.4).
         self._pending: list[tuple[OpenItem, dict[str, Any]]] = []
         self._next: list[dict[str, Any]] = []  # the next round's messages, once the calls ran
+        self._loaded: list[dict[str, Any]] = []  # the functions this round's searches loaded (8.17)
         self._round_text = 0  # the message's parts from before this round
         self._compaction: OpenItem | None = None  # opened as its summary is sampled (8.8)
         self.response: dict[str, Any] | None = None  # set once a terminal event is built
@@ -435,11 +439,12 @@ class ResponseTranslator:
             self._events.part("response.content_part.done", item, part)
             item.item["content"] = [part]
         else:
-            events, runs = whole(item, text), kind in RUN_ITEMS
+            call = next((call for call in self._calls.values() if call.item is item), None)  # None: replaced (6.4)
+            runs = call is not None and call.ref.runs_here and not call.ref.approval
+            events = whole(item, text)
             for event, fields in events if status == "completed" or not runs else ():
                 self._events.emit(event, **fields)
-            if runs and status == "completed":  # whole: it runs after the round (design.md 14.4)
-                call = next(call for call in self._calls.values() if call.item is item)
+            if call is not None and runs and status == "completed":  # it runs after the round (14.4, 8.17)
                 self._pending.append((item, call.run()))
                 return
         self._close(item, status)
@@ -522,7 +527,7 @@ class ResponseTranslator:
         return self._runs_tools() or (compact_at is not None and self.context() >= compact_at)
 
     def _runs_tools(self) -> bool:
-        return any(call.ref.server is not None and not call.ref.approval for call in self._calls.values())
+        return any(call.ref.runs_here and not call.ref.approval for call in self._calls.values())
 
     def due(self) -> Due:
         """What is due after this round (design.md 2.3, 14.4, 8.10): the calls the proxy runs,
@@ -539,33 +544,59 @@ class ResponseTranslator:
         left = self._tokens_left()
         if left is not None and left <= 0:
             return End("max_output_tokens")
-        return NextRound(self._next, left)
+        return NextRound(self._next, left, self._loaded)
 
     def ran(self, results: dict[str, tuple[str | None, dict[str, Any] | None]]) -> bytes:
-        """This round's MCP calls done, each with its output or its error by item id; one
-        without a result did not run, and the model reads so (design.md 14.4)."""
+        """This round's calls the proxy runs done, each with its output or its error by item id
+        (a search's output the JSON of the tools it found, 8.17); one without a result did not
+        run, and the model reads so (design.md 14.4)."""
         runs = [run for _, run in self._pending]
         said = self._round_message()
-        self._ran(results)
-        outcomes = [results.get(run["id"], (None, None)) for run in runs]
+        read = self._ran(results)
         tool = [
-            {"role": "tool", "tool_call_id": run["id"], "content": tool_message(*outcome)}
-            for run, outcome in zip(runs, outcomes, strict=True)
+            {"role": "tool", "tool_call_id": run["answers"], "content": text}
+            for run, text in zip(runs, read, strict=True)
         ]
         self._next = [said, *tool]
         return self._flush()
 
-    def _ran(self, results: dict[str, tuple[str | None, dict[str, Any] | None]]) -> None:
+    def _ran(self, results: dict[str, tuple[str | None, dict[str, Any] | None]]) -> list[str]:
+        """The pending calls closed with their outcomes: what the model reads of each."""
+        read = []
         for item, run in self._pending:
-            status, event = finished_call(item.item, *results.get(run["id"], (None, None)))
-            self._events.emit(event, **item.at)
+            output, error = results.get(run["id"], (None, None))
+            status, event = finished_call(item.item, output, error)
+            if event is not None:
+                self._events.emit(event, **item.at)
             self._close(item, status)
+            if item.item["type"] == "tool_search_call" and output is not None:
+                read.append(self._found(item.item, output))
+            else:
+                read.append(tool_message(output, error))
         self._pending = []
+        return read
+
+    def _found(self, call: dict[str, Any], output: str) -> str:
+        """What the proxy's search found (`output`, the tools as JSON): its `tool_search_output`
+        item, whole, and those tools offered from the next round on; what the model reads of
+        them (design.md 8.17)."""
+        item = {
+            "id": self._new_id("tso"),
+            "type": "tool_search_output",
+            "call_id": call["call_id"],
+            "execution": "server",
+            "status": "completed",
+            "tools": orjson.loads(output),
+        }
+        self._add_whole(item)
+        functions, said = self._call.tools.load(msgspec.json.decode(output, type=list[Tool]))
+        self._loaded += functions
+        return said
 
     def _awaits_client(self) -> bool:
         """Whether this round called a tool the client runs, or one whose call it must approve:
         the Response then ends after the round, for the client (design.md 14.4, 14.5)."""
-        return any(call.ref.server is None or call.ref.approval for call in self._calls.values())
+        return any(not call.ref.runs_here or call.ref.approval for call in self._calls.values())
 
     def _round_message(self) -> dict[str, Any]:
         """This round as the next round's chat reads it: its text and its calls, each MCP call
@@ -599,6 +630,7 @@ class ResponseTranslator:
         self._finish_reason = None
         self._calls = {}
         self._next = []
+        self._loaded = []
 
     def compacting(self) -> bytes:
         """The conversation's summary is being sampled (design.md 8.8, 8.10): its `compaction`

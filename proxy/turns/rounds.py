@@ -123,18 +123,20 @@ async def run(turn: Turn, out: Output) -> None:
             return
     await _round(turn, out, turn.call.chat)
     messages = list(turn.call.chat["messages"])
+    functions = list(turn.call.chat.get("tools", ()))
     while True:
         match translator.due():
             case None:
                 return
             case RunCalls(calls):
                 parallel = turn.call.chat.get("parallel_tool_calls") is not False
-                await out.write(translator.ran(await turn.tools.run(calls, parallel)))
-            case NextRound(said, left):
+                await out.write(translator.ran(await turn.tools.run(calls, parallel, turn.call.tools.search)))
+            case NextRound(said, left, loaded):
                 messages += said
+                functions += loaded
                 translator.next_round()
                 try:
-                    await _round(turn, out, _next_body(turn, messages, left))
+                    await _round(turn, out, _next_body(turn, messages, functions, left))
                 except ProxyError as error:
                     await out.write(translator.fail(error))
             case End(incomplete):
@@ -181,22 +183,25 @@ async def _relay(translator: ResponseTranslator, exchange: Exchange, out: Output
             return True
 
 
-def _next_body(turn: Turn, messages: list[dict[str, Any]], left: int | None) -> dict[str, Any]:
+def _next_body(
+    turn: Turn, messages: list[dict[str, Any]], functions: list[dict[str, Any]], left: int | None
+) -> dict[str, Any]:
     """The next round's chat request: the conversation grown by the rounds' calls and their
-    results; the model chooses its tools again (a forced choice held would call one forever), and
-    is offered none of the MCP servers' past the budget (14.4)."""
+    results, its `functions` those of the first round and those a search loaded since (8.17);
+    the model chooses its tools again (a forced choice held would call one forever), and is
+    offered none that the proxy runs past the budget (14.4)."""
     chat = turn.call.chat
-    body = {**chat, "messages": messages}
+    body = {**chat, "messages": messages, "tools": functions}
     if left is not None:
         body["max_tokens"] = body["max_completion_tokens"] = left
     if "tool_choice" in chat:
         body["tool_choice"] = "auto"
-    if turn.tools.left <= 0 and "tools" in chat:
+    if turn.tools.left <= 0:
         run_here = turn.call.tools.run_here
-        body["tools"] = [tool for tool in chat["tools"] if tool["function"]["name"] not in run_here]
-        if not body["tools"]:  # chat servers refuse a `tool_choice` without `tools`
-            body.pop("tools")
-            body.pop("tool_choice", None)
+        body["tools"] = [tool for tool in functions if tool["function"]["name"] not in run_here]
+    if not body["tools"]:  # chat servers refuse a `tool_choice` without `tools`
+        body.pop("tools")
+        body.pop("tool_choice", None)
     return body
 
 

@@ -7,10 +7,11 @@ listed to the proxy itself, however the tool reached the model (14.3)."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from typing import Any
 
 import msgspec
+import orjson
 
 from ..errors import InvalidRequest, McpUnavailable
 from ..responses.lifecycle import new_id
@@ -212,11 +213,13 @@ class ServerCalls:
             )
         return answers, calls
 
-    async def run(self, made: Sequence[dict[str, Any]], parallel: bool) -> dict[str, Outcome]:
+    async def run(
+        self, made: Sequence[dict[str, Any]], parallel: bool, search: Callable[[str], list[dict[str, Any]]]
+    ) -> dict[str, Outcome]:
         """A round's calls within the budget, at once where the request lets the model's calls
         run in parallel, by item id; those past it are not run (no outcome). A call of an MCP
         server's tool outside the policy is not made, and fails (a built-in type's runs as the
-        operator mapped it, 14.8)."""
+        operator mapped it, 14.8); a tool search is `search`ed, its output the tools found (8.17)."""
         calls = made[: max(self.left, 0)]
         self.left -= len(calls)
         checked = [item for item in calls if item["type"] == "mcp_call"]
@@ -226,6 +229,8 @@ class ServerCalls:
         refused = {item["id"]: self._refusal(item["server_label"], item["name"], approved=False) for item in checked}
 
         async def run(item: dict[str, Any]) -> Outcome:
+            if item["type"] == "tool_search_call":  # the proxy's own: no server to reach
+                return orjson.dumps(search(orjson.loads(item["arguments"])["query"])).decode(), None
             reason = refused.get(item["id"])
             if reason is not None:
                 return None, {"type": "mcp_protocol_error", "code": _INVALID_PARAMS, "message": reason}

@@ -128,6 +128,30 @@ async def test_a_tool_round_runs_its_mcp_call_then_the_model_answers(seam: Seam,
     assert await stored(runtime, response["id"]) == response
 
 
+@pytest.mark.parametrize("stream", [True, False], ids=["streamed", "whole"])
+async def test_a_search_round_loads_what_it_found_into_the_next_round(seam: Seam, stream: bool) -> None:
+    """The proxy's tool search (8.17) is a call it runs after the round, within the budget of
+    calls: its items, then the next round offered the tools it found."""
+    runtime, upstream = await seam()
+    upstream.script(reply(calling("tool_search", '{"query": "convert a currency"}'), stream), reply(answering("1 EUR is 1.1 USD."), stream))
+    rates = {"type": "function", "name": "convert", "description": "Convert an amount between currencies.", "defer_loading": True}
+    body = {"model": "m", "input": "1 EUR in USD?", "tools": [rates, {"type": "tool_search"}], "stream": stream, "max_tool_calls": 3}
+    turn = await planned(runtime, body)
+    sink = Sink()
+    response = plain(await turn.run(sink))
+
+    assert [item["type"] for item in response["output"]] == ["tool_search_call", "tool_search_output", "message"]
+    assert [tool["name"] for tool in response["output"][1]["tools"]] == ["convert"]
+    (_, first), (_, second) = upstream.requests
+    assert [tool["function"]["name"] for tool in first["tools"]] == ["tool_search"]
+    assert [tool["function"]["name"] for tool in second["tools"]] == ["tool_search", "convert"]
+    assert second["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "Tools loaded, now callable: convert."}
+    assert turn.tools.left == 2 and upstream.open_at_post == [0, 0]
+    if stream:
+        assert check_stream(sink.events).response == response
+    assert await stored(runtime, response["id"]) == response
+
+
 async def test_a_call_that_needs_approval_ends_the_response_for_the_client(seam: Seam, tool_server: ToolServer) -> None:
     runtime, upstream = await seam(mcp={"allowed_servers": [tool_server.url]})
     upstream.script(Streamed(calling("calc__add", '{"a": 2, "b": 3}')))
