@@ -123,7 +123,15 @@ class Upstream(_Section, frozen=True):
     # `least_outstanding` balances each request alone.
     balance: Literal["session", "least_outstanding"] = "session"
     load_factor: Annotated[float, msgspec.Meta(ge=1.0)] = 1.25
-    affinity_ttl: Seconds = 3600.0  # how long a session keeps its replica after its last turn
+    # How long a session keeps its replica after its last turn, and a prefix its place in the
+    # index after it was last sent (design.md 11.5).
+    affinity_ttl: Seconds = 3600.0
+    # A new session goes where its prompt's prefix was sent, while that replica holds at most
+    # `load_factor` times the mean of the sessions active within this window (design.md 11.5).
+    session_window: Seconds = 300.0
+    # `per_key`: each API key's calls get a cache_salt of their own, so that tenants never share
+    # a cached prefix (design.md 11.6); unset, a client's own cache_salt goes as it came.
+    cache_salt: Literal["per_key"] | None = None
     # A header that names the session to an upstream that routes sessions itself (an Inference
     # Gateway's endpoint picker: x-session-id; SGLang's model gateway: x-smg-routing-key).
     session_header: str | None = None

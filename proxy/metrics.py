@@ -174,7 +174,8 @@ class Metrics:
             Counter(
                 "proxy_session_routes",
                 "Calls of a session on an upstream of several replicas, by how its replica was found: "
-                "hit (the session's), new (a session not seen), spill (its replica was down or over its load bound).",
+                "hit (the session's), prefix (a new session where its prompt's prefix was sent), new (a new session "
+                "by load alone), spill (its replica was down or over its load bound).",
                 ["upstream", "outcome"],
                 registry=self.registry,
             )

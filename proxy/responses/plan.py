@@ -6,6 +6,7 @@ what the answer's translation needs) out.
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -112,11 +113,17 @@ class Call:
 
 
 def plan_call(
-    request: CreateResponse, settings: TranslationSettings, *, stored: bool = False, servers: Servers | None = None
+    request: CreateResponse,
+    settings: TranslationSettings,
+    *,
+    stored: bool = False,
+    servers: Servers | None = None,
+    tenant: str | None = None,
 ) -> Call:
     """Translate a validated request (its history expanded, design.md 9.4) into the chat request
     for the route behind `settings`; `stored` says whether the response will be kept, `servers`
-    what its MCP servers listed and its approvals ran (design.md 14)."""
+    what its MCP servers listed and its approvals ran (design.md 14), `tenant` whose cache its
+    prefix goes in, where the upstream keeps one per API key (11.6)."""
     servers = servers or Servers()
     include = request.include or ()
     logprobs = INCLUDE_LOGPROBS in include
@@ -159,6 +166,7 @@ def plan_call(
         tool_choice=tool_choice,
         response_format=_response_format(text),
         reasoning_effort=effort,
+        cache_salt=_cache_salt(request.cache_salt, tenant),
     )
     asked = max(top_logprobs, settings.min_top_logprobs)
     if logprobs:
@@ -181,6 +189,15 @@ def plan_call(
         compact_at=compact_at,
         prelude=tuple(servers.items),
     )
+
+
+def _cache_salt(asked: str | None, tenant: str | None) -> str | None:
+    """The salt of the call's prefix in the upstream's cache (design.md 11.6): the client's own,
+    or, for a tenant, one of its key's, which a client's own salt can split but never join to
+    another key's."""
+    if tenant is None:
+        return asked
+    return "tenant-" + hashlib.blake2b(f"{tenant}\0{asked or ''}".encode(), digest_size=16).hexdigest()
 
 
 def _client_tools(

@@ -476,6 +476,8 @@ class CreateResponse(msgspec.Struct):
     safety_identifier: str | None = None
     prompt_cache_key: str | None = None
     prompt_cache_retention: str | None = None
+    # vLLM's and SGLang's: sent upstream, it keeps the call's prefix from others' caches (design.md 11.6).
+    cache_salt: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     service_tier: str | None = None
     truncation: str | None = None
     client_metadata: dict[str, Any] | None = None

@@ -12,7 +12,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from contextvars import ContextVar
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -689,9 +689,13 @@ class RedisBackend:
             await self._sentinel.aclose()
 
     def affinity(self, upstream: str, ttl: float) -> RedisAffinity:
-        """The session map of an upstream, shared by every gateway replica on this server."""
+        """The session map and prefix index of an upstream, shared by every gateway replica on
+        this server. On a cluster the index's keys share a tag, so that a new session's read of
+        them is one command's round trip (design.md 11.5)."""
         wait = min(self._timeout, _ROUTING_WAIT)
-        return RedisAffinity(self._redis, f"{self._prefix}session:{upstream}:", ttl, wait)
+        tag = f"{{prefix:{upstream}}}" if self._tagged else upstream
+        prefixes = f"{self._prefix}prefix:{tag}:"
+        return RedisAffinity(self._redis, f"{self._prefix}session:{upstream}:", prefixes, ttl, wait)
 
 
 # Whether this task (and the tasks it made) already holds one of a cluster client's places in
@@ -760,14 +764,17 @@ class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
 
 
 class RedisAffinity:
-    """Session -> replica in Redis, each key living `ttl` seconds after its last use
-    (`upstream.affinity.AffinityMap`). A routing decision waits on it for at most `timeout`;
-    past that, or when Redis fails, the session is routed by its hash alone, and the map is not
-    asked again for `_RETRY` seconds, so that an outage costs each call nothing (design.md 11.3)."""
+    """Session -> replica in Redis, each key living `ttl` seconds after its last use; a prefix's
+    digest -> a hash of the replicas it was sent to, each with when, the key living `ttl`
+    seconds after the last (`upstream.affinity.AffinityMap`). A routing decision waits on it
+    for at most `timeout`; past that, or when Redis fails, the session is routed without it,
+    and it is not asked again for `_RETRY` seconds, so that an outage costs each call nothing
+    (design.md 11.3, 11.5)."""
 
-    def __init__(self, redis: Redis | RedisCluster, prefix: str, ttl: float, timeout: float) -> None:
+    def __init__(self, redis: Redis | RedisCluster, prefix: str, prefixes: str, ttl: float, timeout: float) -> None:
         self._redis = redis
         self._prefix = prefix
+        self._prefixes = prefixes
         self._ttl = max(1, round(ttl))
         self._timeout = timeout
         self._failing = False
@@ -777,8 +784,40 @@ class RedisAffinity:
         found = await self._guarded(lambda: self._redis.getex(self._prefix + key, ex=self._ttl))
         return found.decode() if isinstance(found, bytes) else None
 
-    async def set(self, key: str, replica: str) -> None:
-        await self._guarded(lambda: self._redis.set(self._prefix + key, replica, ex=self._ttl))
+    async def set(self, key: str, replica: str, prefixes: Sequence[str] = ()) -> None:
+        if not prefixes:
+            await self._guarded(lambda: self._redis.set(self._prefix + key, replica, ex=self._ttl))
+            return
+
+        async def write() -> None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.set(self._prefix + key, replica, ex=self._ttl)
+                for prefix in prefixes:
+                    pipe.hset(self._prefixes + prefix, replica, time.time())
+                    pipe.expire(self._prefixes + prefix, self._ttl)
+                await pipe.execute()
+
+        await self._guarded(write)
+
+    async def holders(self, prefixes: Sequence[str]) -> list[Collection[str]]:
+        async def read() -> list[dict[bytes, bytes]]:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for prefix in prefixes:
+                    pipe.hgetall(self._prefixes + prefix)
+                return cast("list[dict[bytes, bytes]]", await pipe.execute())
+
+        found = await self._guarded(read) or []
+        since = time.time() - self._ttl
+        return [{replica.decode() for replica, at in sent.items() if float(at) > since} for sent in found]
+
+    async def forget(self, prefixes: Sequence[str], replica: str) -> None:
+        async def delete() -> None:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for prefix in prefixes:
+                    pipe.hdel(self._prefixes + prefix, replica)
+                await pipe.execute()
+
+        await self._guarded(delete)
 
     async def _guarded(self, command: Callable[[], Awaitable[T]]) -> T | None:
         if time.monotonic() < self._asleep_until:
@@ -786,9 +825,9 @@ class RedisAffinity:
         try:
             async with asyncio.timeout(self._timeout):
                 answer = await command()
-        except Exception as exc:  # whatever broke, the session goes by its hash
+        except Exception as exc:  # whatever broke, the session is routed without the map
             if not self._failing:
-                log.warning("the session map in Redis is failing (%r): sessions are routed by their hash", exc)
+                log.warning("the session map in Redis is failing (%r): sessions are routed without it", exc)
             self._failing = True
             self._asleep_until = time.monotonic() + _RETRY
             return None

@@ -200,6 +200,8 @@ class Turn:
         the time per output token after the first (12.2); on its span, what it made (12.1)."""
         usage, target = response["usage"], self.target
         elapsed = time.monotonic() - self.caller.started
+        if self.session is not None:  # what its replica had cached places the next sessions (11.5)
+            self.upstream.answered(self.session, usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"])
         self.metrics.answered(target.pattern, target.upstream.name, self.gen_ai, usage, first_chunk, elapsed)
         if self.tracing is not None:
             self.tracing.answered(response, first_chunk)
@@ -249,7 +251,8 @@ async def plan_turn(
         generates = asks is Asks.RESPONSE
         servers, tools = await prepare(runtime.mcp, runtime.sealer, caller.owner, past.request, runs=generates)
         settings = translation_settings(target, runtime.sealer)
-        call = plan_call(past.request, settings, stored=stored, servers=servers)
+        tenant = caller.owner if target.upstream.cache_salt == "per_key" else None  # design.md 11.6
+        call = plan_call(past.request, settings, stored=stored, servers=servers, tenant=tenant)
         if not generates:
             call = dataclasses.replace(call, prelude=())
         _note_ignored(runtime, [*(f"field:{name}" for name in fields), *call.ignored])

@@ -5,7 +5,8 @@ replica in the session's own order (rendezvous hashing), which keeps it from the
 
 Two gateway replicas agree on a session's replica without talking: its order depends only on
 its key and the replica list. Where they share a Redis store they share the map as well, so a
-session that spilled on one is found where it went on the other."""
+session that spilled on one is found where it went on the other; and the index of where each
+prompt prefix was last sent, by which a new session is placed (`placement.py`, 11.5)."""
 
 from __future__ import annotations
 
@@ -13,41 +14,60 @@ import hashlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Sequence
-from typing import Protocol, TypeVar
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
-HIT, NEW, SPILL = "hit", "new", "spill"  # how a session's replica was found, for the metrics
+if TYPE_CHECKING:
+    from .placement import Prefix
+
+# How a session's replica was found, for the metrics: the map's, a new session's by its prefix
+# (11.5) or by load alone, another than the map's.
+HIT, PREFIX, NEW, SPILL = "hit", "prefix", "new", "spill"
 
 
 class Session:
     """A call's session as the upstream client routes it: its key, the replica its previous
-    response came from (a hint from the stored chain), and, once sent, the replica it went to."""
+    response came from (a hint from the stored chain), and, once sent, the replica it went to;
+    `placed`: a new session's prefix, the bytes of it the replica it was placed on was sent
+    last, and that replica, until its usage says whether it still held them (11.5)."""
 
-    __slots__ = ("key", "previous", "served_by")
+    __slots__ = ("key", "previous", "served_by", "placed")
 
     def __init__(self, key: str, previous: str | None = None) -> None:
         self.key = key
         self.previous = previous
         self.served_by: str | None = None
+        self.placed: tuple[Prefix, int, str] | None = None
 
 
 class AffinityMap(Protocol):
-    """Session key -> the replica URL that serves it, kept `ttl` seconds after its last use. A
-    map that fails answers as one that does not know the session: routing never waits on it
-    for long, and never fails a request."""
+    """Session key -> the replica URL that serves it, kept `ttl` seconds after its last use;
+    and a prefix's digest -> the replicas it was sent to within `ttl` (11.5). A map that fails
+    answers as one that knows nothing: routing never waits on it for long, and never fails a
+    request."""
 
     async def get(self, key: str) -> str | None: ...
 
-    async def set(self, key: str, replica: str) -> None: ...
+    async def set(self, key: str, replica: str, prefixes: Sequence[str] = ()) -> None:
+        """The session's replica; and, for a session just placed, that its replica has been
+        sent its prefixes: one write."""
+
+    async def holders(self, prefixes: Sequence[str]) -> list[Collection[str]]:
+        """The replicas each prefix was sent to within `ttl`: one read."""
+
+    async def forget(self, prefixes: Sequence[str], replica: str) -> None:
+        """The replica no longer holds the prefixes."""
 
 
 class LocalAffinity:
-    """This process's map: the least recently used sessions go past `size`."""
+    """This process's map and index: the least recently used sessions and prefixes go past
+    `size` each."""
 
     def __init__(self, ttl: float, size: int = 100_000) -> None:
         self._ttl = ttl
         self._size = size
         self._replicas: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._prefixes: OrderedDict[str, dict[str, float]] = OrderedDict()
 
     async def get(self, key: str) -> str | None:
         found = self._replicas.get(key)
@@ -58,11 +78,26 @@ class LocalAffinity:
         self._replicas.move_to_end(key)
         return found[0]
 
-    async def set(self, key: str, replica: str) -> None:
-        self._replicas[key] = (replica, time.monotonic() + self._ttl)
+    async def set(self, key: str, replica: str, prefixes: Sequence[str] = ()) -> None:
+        until = time.monotonic() + self._ttl
+        self._replicas[key] = (replica, until)
         self._replicas.move_to_end(key)
         if len(self._replicas) > self._size:
             self._replicas.popitem(last=False)
+        for prefix in prefixes:
+            self._prefixes.setdefault(prefix, {})[replica] = until
+            self._prefixes.move_to_end(prefix)
+        while len(self._prefixes) > self._size:
+            self._prefixes.popitem(last=False)
+
+    async def holders(self, prefixes: Sequence[str]) -> list[Collection[str]]:
+        now = time.monotonic()
+        sent: dict[str, dict[str, float]] = {prefix: self._prefixes.get(prefix, {}) for prefix in prefixes}
+        return [{replica for replica, until in sent[prefix].items() if until > now} for prefix in prefixes]
+
+    async def forget(self, prefixes: Sequence[str], replica: str) -> None:
+        for prefix in prefixes:
+            self._prefixes.get(prefix, {}).pop(replica, None)
 
 
 class Weighted(Protocol):

@@ -6,8 +6,9 @@ timeout `UpstreamTimeout` (504), an error status whatever the core's parser make
 (design.md 6.6).
 
 Balancing: a call with a session goes to its session's replica, within a bound on load
-(`affinity.py`, design.md 11.2); one without, or an upstream set to `least_outstanding`, to the
-replica with the fewest outstanding requests, ties taken in turn. A replica that refuses a
+(`affinity.py`, design.md 11.2), a new session where its prompt's prefix was sent, within a bound
+on the sessions each replica holds (`placement.py`, 11.5); one without, or an upstream set to
+`least_outstanding`, to the replica with the fewest outstanding requests, ties taken in turn. A replica that refuses a
 connection is skipped for `eject_seconds` (passive); with `health_check` set, a probe takes
 failing replicas out and brings them back (active). A request moves to another replica only
 when it never reached one: once a request was sent, a retry could run a generation twice.
@@ -38,7 +39,8 @@ from ..errors import (
     UpstreamUnreachable,
 )
 from ..responses.chat import upstream_error
-from .affinity import HIT, NEW, SPILL, AffinityMap, Session, choose, salt_of
+from .affinity import HIT, NEW, PREFIX, SPILL, AffinityMap, Session, choose, salt_of
+from .placement import SessionLoads, place, prefix_of, stale
 
 _MAX_ERROR_BODY = 64 * 1024
 _DRAIN_TIMEOUT = 1.0
@@ -259,6 +261,8 @@ class UpstreamClient:
         several = len(self.replicas) > 1 and config.balance == "session"
         self._affinity = affinity if several else None
         self._on_route = on_route or (lambda upstream, outcome: None)
+        self._loads = SessionLoads(config.session_window)
+        self._forgetting: set[asyncio.Task[None]] = set()
         # Whether a call's session changes where it goes: else it is not worked out at all.
         self.keyed = self._affinity is not None or bool(config.session_header)
         self._turn = itertools.count()
@@ -353,7 +357,7 @@ class UpstreamClient:
         self._in_flight += 1
         self._idle.clear()
         try:
-            response, replica = await self._answered(path, data, headers, deadline, session)
+            response, replica = await self._answered(path, body, data, headers, deadline, session)
             try:
                 if response.status >= 400:
                     raise self._failures.status(response.status, await _error_body(response))
@@ -380,7 +384,13 @@ class UpstreamClient:
                 self._idle.set()
 
     async def _answered(
-        self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None, session: Session | None
+        self,
+        path: str,
+        body: dict[str, Any] | bytes,
+        data: bytes,
+        headers: dict[str, str] | None,
+        deadline: float | None,
+        session: Session | None,
     ) -> tuple[aiohttp.ClientResponse, Replica]:
         """`_send`, unless `end_exchanges` ends the wait first: then with its error; after it
         (a request that waited for a place in the pool meanwhile), nothing is sent."""
@@ -390,7 +400,7 @@ class UpstreamClient:
         assert task is not None
         self._sending.add(task)
         try:
-            return await self._send(path, data, headers, deadline, session)
+            return await self._send(path, body, data, headers, deadline, session)
         except asyncio.CancelledError:
             error = self._ended.pop(task, None)
             if error is None:
@@ -434,16 +444,29 @@ class UpstreamClient:
         return [replica for replica in self.replicas if replica.available(now)] or self.replicas
 
     async def _send(
-        self, path: str, data: bytes, headers: dict[str, str] | None, deadline: float | None, session: Session | None
+        self,
+        path: str,
+        body: dict[str, Any] | bytes,
+        data: bytes,
+        headers: dict[str, str] | None,
+        deadline: float | None,
+        session: Session | None,
     ) -> tuple[aiohttp.ClientResponse, Replica]:
         affinity = self._affinity if session is not None else None
+        prefix, matched = None, 0
         if affinity is None or session is None:
             pinned, candidates = None, self._candidates()
         else:
             # The map first (a read renews it, and it knows a spill another pod made), then the
-            # replica of the response a chained turn continues.
+            # replica of the response a chained turn continues; else the session is new.
             pinned = await affinity.get(session.key) or session.previous
-            candidates = choose(session.key, pinned, self._usable(), self.config.load_factor)
+            if pinned is None:
+                prefix = prefix_of(body if isinstance(body, dict) else _chat(data), len(data))
+                held = await affinity.holders(prefix.digests) if prefix.digests else []
+                loads = self._loads.held(time.monotonic())
+                candidates, matched = place(prefix, held, loads, self._usable(), self.config.load_factor)
+            else:
+                candidates = choose(session.key, pinned, self._usable(), self.config.load_factor)
         refused: list[str] = []
         for replica in candidates:
             replica.outstanding += 1
@@ -463,16 +486,34 @@ class UpstreamClient:
                     session.served_by = replica.url
                 if affinity is not None and session is not None:
                     # Once a replica answered: a request that reached none moves no session.
+                    self._loads.touch(session.key, replica.url, time.monotonic())
                     if replica.url != pinned:
                         try:
-                            await affinity.set(session.key, replica.url)
+                            await affinity.set(session.key, replica.url, prefix.digests if prefix else ())
                         except BaseException:  # cancelled: the answer is nobody's
                             replica.outstanding -= 1
                             response.close()
                             raise
-                    self._on_route(self.config.name, HIT if replica.url == pinned else NEW if pinned is None else SPILL)
+                    found = prefix is not None and matched > 0 and replica is candidates[0]
+                    if found and prefix is not None:
+                        session.placed = (prefix, matched, replica.url)
+                    new = PREFIX if found else NEW
+                    self._on_route(self.config.name, HIT if replica.url == pinned else new if pinned is None else SPILL)
                 return response, replica
         raise UpstreamNotReached(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
+
+    def answered(self, session: Session, prompt: int, cached: int) -> None:
+        """A call's usage (design.md 11.5): the replica a new session was placed on for its
+        prefix, found holding far less of it, no longer holds it in the index."""
+        placed, session.placed = session.placed, None
+        if placed is None or self._affinity is None:
+            return
+        prefix, matched, replica = placed
+        gone = stale(prefix, matched, prompt, cached)
+        if gone:
+            task = asyncio.create_task(self._affinity.forget(gone, replica))
+            self._forgetting.add(task)
+            task.add_done_callback(self._forgetting.discard)
 
     async def _post(self, url: str, data: bytes, headers: dict[str, str] | None) -> aiohttp.ClientResponse:
         """POST on a pooled connection. One the upstream closed while it idled in the pool
@@ -505,6 +546,15 @@ class UpstreamClient:
             replica.healthy = False
         if replica.healthy:
             replica.ejected_until = 0.0
+
+
+def _chat(data: bytes) -> dict[str, Any]:
+    """A relayed chat request as placement reads it: what does not parse has no prefix."""
+    try:
+        chat = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return {}
+    return chat if isinstance(chat, dict) else {}
 
 
 async def _read_bounded(response: aiohttp.ClientResponse, limit: int, failures: _Failures) -> bytes:

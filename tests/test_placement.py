@@ -1,0 +1,249 @@
+"""A new session placed where its prompt's prefix was sent (design.md 11.5): the longest prefix a
+replica within the bound on sessions holds, ties broken by the prompt, the index shared through
+a Redis store, what the usage's cached tokens teach, and tenants' caches kept apart by
+`cache_salt` (11.6). The replicas are fake upstreams on loopback; the proxy is the real one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from proxy.config import Config, parse
+from proxy.store.redis import RedisBackend
+from tests.client import post_json
+from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
+from tests.harness import sample, scrape
+
+PRODUCT = "You are the review agent of a code forge. Read the diff, then the tests. " * 150  # ~11 KB
+OTHER = "You are the release agent: write the changelog from the merged pull requests. " * 150
+
+
+def answer(cached: int = 2900) -> Reply:
+    """An answer to a prompt of 3000 tokens, `cached` of them found in the replica's cache."""
+    steps = [Step("text", "ok"), Step("finish", finish_reason="stop")]
+    return Reply(Generation(steps, completion_tokens=1, prompt_tokens=3000, cached_tokens=cached))
+
+
+async def replicas(n: int) -> list[FakeUpstream]:
+    fleet = [FakeUpstream() for _ in range(n)]
+    for replica in fleet:
+        await replica.start()
+        replica.script(answer())
+    return fleet
+
+
+@pytest.fixture
+async def two() -> AsyncIterator[list[FakeUpstream]]:
+    fleet = await replicas(2)
+    yield fleet
+    for replica in fleet:
+        await replica.close()
+
+
+@pytest.fixture
+async def three() -> AsyncIterator[list[FakeUpstream]]:
+    fleet = await replicas(3)
+    yield fleet
+    for replica in fleet:
+        await replica.close()
+
+
+def fleet_config(fleet: list[FakeUpstream], store: dict[str, Any] | None = None, top: dict[str, Any] | None = None, **upstream: Any) -> Config:
+    section = {"name": "fleet", "urls": [replica.url for replica in fleet], **upstream}
+    return parse({"upstreams": [section], "store": store or {"url": "none"}, **(top or {})})
+
+
+async def session(http: aiohttp.ClientSession, url: str, fleet: list[FakeUpstream], key: str, instructions: str = PRODUCT, *, context: str | None = None, **body: Any) -> int:
+    """A new session's first turn, as an agent sends it: its product's instructions, its own
+    context after them where given, the task; which replica served it."""
+    said: list[dict[str, Any]] = [{"type": "message", "role": "developer", "content": context}] if context else []
+    said.append({"type": "message", "role": "user", "content": f"the task of {key}"})
+    before = [len(replica.requests) for replica in fleet]
+    body = {"model": "m", "instructions": instructions, "input": said, "prompt_cache_key": key, **body}
+    status, answered = await post_json(http, f"{url}/v1/responses", body)
+    assert status == 200, answered
+    served = [i for i, replica in enumerate(fleet) if len(replica.requests) > before[i]]
+    assert len(served) == 1
+    return served[0]
+
+
+async def test_a_new_session_goes_where_the_longest_prefix_it_shares_was_sent(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 11.5: the first session of a product goes by the prompt's own order; one that
+    adds its context after the product's instructions goes to the least loaded (the other);
+    the next such session goes where that longer prefix went, though the shorter one is held,
+    and tied loads would send it back by the prompt's order."""
+    url = await start_proxy(fleet_config(two, store))
+    home = await session(http, url, two, "plain 1")
+    longer = await session(http, url, two, "with context 1", context="the repository: forge/web")
+    assert longer != home
+    assert await session(http, url, two, "with context 2", context="the repository: forge/web") == longer
+    assert await session(http, url, two, "plain 2") == home
+    metrics = await scrape(http, url)
+    assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="prefix") == 2
+    assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="new") == 2
+
+
+async def test_proxies_that_share_nothing_place_a_prompt_alike(three: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 11.5: ties are broken by the prompt, not the session: two gateway replicas
+    without a shared store send two sessions of one prompt to the same replica."""
+    one = await start_proxy(fleet_config(three))
+    other = await start_proxy(fleet_config(three))
+    for product in range(6):
+        instructions = f"Product {product}. {PRODUCT}"
+        mine = await session(http, one, three, f"{product} on one", instructions)
+        assert await session(http, other, three, f"{product} on the other", instructions) == mine
+
+
+async def test_the_bound_counts_the_sessions_each_replica_holds(two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 11.5: one product's sessions fill its replica up to 1.25 times the mean of the
+    sessions held, then the others."""
+    url = await start_proxy(fleet_config(two))
+    served = [await session(http, url, two, f"session {i}") for i in range(8)]
+    assert max(served.count(0), served.count(1)) <= 5
+
+
+async def test_only_sessions_active_within_the_window_count(two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 11.5: a session counts while its last call is within `session_window`: one
+    idle past it leaves its replica's share to the next session of its prompt; one whose turns
+    go on is counted."""
+    url = await start_proxy(fleet_config(two, session_window=0.5))
+    home = await session(http, url, two, "first")
+    for i in range(3):
+        await asyncio.sleep(0.6)
+        assert await session(http, url, two, f"after a pause {i}") == home
+    await asyncio.sleep(0.6)
+    await session(http, url, two, "busy")
+    for _ in range(3):  # its later turns, each within the window of the last
+        await asyncio.sleep(0.3)
+        await session(http, url, two, "busy")
+    assert await session(http, url, two, "beside a busy one") != home
+
+
+async def test_gateway_replicas_share_where_prefixes_were_sent(
+    three: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 11.5: with a Redis store, a gateway replica places a new session where another
+    sent its prefix; without, each keeps its own index (a SQLite store is one process's)."""
+    alone = await start_proxy(fleet_config(three))
+    first = await session(http, alone, three, "probe")  # the prompt's own first choice
+    port = int(three[first].url.rsplit(":", 1)[1])
+    await three[first].close()
+    one = await start_proxy(fleet_config(three, store, eject_seconds=30))
+    elsewhere = await session(http, one, three, "while its first choice is down")
+    assert elsewhere != first
+    await three[first].start(port=port)
+    three[first].script(answer())
+    other = await start_proxy(fleet_config(three, store))
+    shared = not store["url"].startswith("sqlite")
+    assert await session(http, other, three, "on another gateway") == (elsewhere if shared else first)
+
+
+async def test_a_failing_index_in_redis_costs_a_new_session_little() -> None:
+    """design.md 11.5: an index that does not answer within 0.25 s is a placement without it."""
+    heard: list[bytes] = []
+
+    async def hang(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            heard.append(data)
+
+    server = await asyncio.start_server(hang, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    backend = RedisBackend(f"redis://127.0.0.1:{port}/0", "test:", 60, 100, 2.0, 100)
+    try:
+        index = backend.affinity("fleet", 60)
+        assert await asyncio.wait_for(index.holders(["a", "b"]), 1) == []
+        asked = len(heard)
+        await asyncio.wait_for(index.set("session", "http://r1", ["a", "b"]), 0.05)
+        await asyncio.wait_for(index.forget(["a"], "http://r1"), 0.05)
+        assert await asyncio.wait_for(index.holders(["a"]), 0.05) == []
+        assert len(heard) == asked  # left alone meanwhile
+    finally:
+        await backend.close()
+        server.close()
+
+
+async def test_a_replica_found_without_the_prefix_is_forgotten_for_it(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 11.5: a session placed for its prefix whose answer found far fewer tokens
+    cached than it matched tells the proxy its replica evicted it: the next session goes by
+    load; one that found it keeps it there. (A loose bound, so that only the index decides.)"""
+    for replica in two:  # after the first answer
+        replica.script(answer(cached=2900), answer(cached=100))
+    url = await start_proxy(fleet_config(two, store, load_factor=10))
+    home = await session(http, url, two, "first")
+    assert await session(http, url, two, "found it cached") == home
+    assert await session(http, url, two, "found it evicted") == home
+    await asyncio.sleep(0.1)  # the index is told after the answer, without delaying it
+    assert await session(http, url, two, "after the eviction") != home
+
+
+async def test_a_prefix_sent_again_stays_in_the_index(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 11.5: a prefix is known `affinity_ttl` seconds after it was last sent."""
+    url = await start_proxy(fleet_config(two, store, load_factor=10, affinity_ttl=2))
+    home = await session(http, url, two, "first")
+    await asyncio.sleep(1.3)
+    assert await session(http, url, two, "within its time") == home
+    await asyncio.sleep(1.3)  # past the first send's time, within the second's
+    assert await session(http, url, two, "renewed") == home
+    await asyncio.sleep(2.2)
+    assert await session(http, url, two, "forgotten") != home  # the least loaded
+
+
+async def test_a_cache_salt_goes_upstream_and_tenants_prefixes_are_placed_apart(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession
+) -> None:
+    """design.md 11.6: a client's cache_salt is sent upstream; an upstream set to `per_key`
+    salts each API key's calls with one of its own, which the client's salt splits but never
+    joins to another key's; the salt begins every placement key, so that two tenants' same
+    prompt is two prefixes."""
+    url = await start_proxy(fleet_config(two, load_factor=10))
+    assert two[await session(http, url, two, "salted", cache_salt="team a")].requests[-1]["cache_salt"] == "team a"
+    assert "cache_salt" not in two[await session(http, url, two, "plain")].requests[-1]
+    status, refused = await post_json(http, f"{url}/v1/responses", {"model": "m", "input": "hi", "cache_salt": ""})
+    assert status == 400 and refused["error"]["param"] == "cache_salt"
+
+    for replica in two:
+        replica.requests.clear()
+    keys = {"auth": {"api_keys": ["key-a", "key-b"]}}
+    url = await start_proxy(fleet_config(two, top=keys, load_factor=10, cache_salt="per_key"))
+
+    async def salted(api_key: str, key: str, **body: Any) -> tuple[int, str]:
+        before = [len(replica.requests) for replica in two]
+        status, answered = await post_json(
+            http, f"{url}/v1/responses",
+            {"model": "m", "instructions": PRODUCT, "input": f"the task of {key}", "prompt_cache_key": key, **body},
+            headers={"Authorization": f"Bearer {api_key}"},
+        )
+        assert status == 200, answered
+        served = next(i for i, replica in enumerate(two) if len(replica.requests) > before[i])
+        return served, two[served].requests[-1]["cache_salt"]
+
+    home, a = await salted("key-a", "a 1")
+    tenant_b, b = await salted("key-b", "b 1")
+    assert tenant_b != home  # the same prompt, another prefix: the least loaded
+    assert a != b and await salted("key-a", "a 2") == (home, a)
+    split = (await salted("key-a", "a 3", cache_salt="project x"))[1]
+    assert split not in (a, b, "project x")
+    assert (await salted("key-b", "b 2", cache_salt="project x"))[1] not in (a, b, split)
+
+
+async def test_relayed_chat_calls_are_placed_by_their_prefix(two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 11.5: a relayed /v1/chat/completions call's leading messages place it too."""
+    url = await start_proxy(fleet_config(two, load_factor=10))
+    served = []
+    for i in range(3):
+        before = [len(replica.requests) for replica in two]
+        messages = [{"role": "system", "content": PRODUCT}, {"role": "user", "content": f"task {i}"}]
+        status, answered = await post_json(http, f"{url}/v1/chat/completions", {"model": "m", "messages": messages, "user": f"session {i}"})
+        assert status == 200, answered
+        served += [j for j, replica in enumerate(two) if len(replica.requests) > before[j]]
+    assert len(set(served)) == 1
