@@ -12,6 +12,15 @@ import aiohttp
 import openai
 import orjson
 import pytest
+from agents import (
+    Agent,
+    OpenAIResponsesModel,
+    Runner,
+    ToolSearchTool,
+    function_tool,
+    set_tracing_disabled,
+    tool_namespace,
+)
 
 from proxy.config import parse
 from tests.agents import codex_turn, web_search
@@ -270,3 +279,56 @@ async def test_a_routes_reasoning_summary_is_the_default(
     assert stream.response["reasoning"]["summary"] == shown
     (reasoning,) = stream.of_type("reasoning")
     assert reasoning["summary"] == [{"type": "summary_text", "text": "I will run ls."}]
+
+
+@pytest.mark.parametrize("streamed", [False, True], ids=["run", "run_streamed"])
+async def test_openai_agents_tool_search_finds_a_deferred_function_and_the_run_completes(
+    upstream: FakeUpstream, proxy: str, streamed: bool
+) -> None:
+    """openai-agents' `ToolSearchTool()` is a search the server runs (design.md 8.17), which its
+    runner leaves to the server: the proxy searches the deferred functions, the model calls the
+    one it found, the runner runs it and sends the run's items back, and the run completes."""
+    looked_up: list[str] = []
+
+    @function_tool(defer_loading=True)
+    def lookup_customer(email: str) -> str:
+        """Find a customer's record by email."""
+        looked_up.append(email)
+        return "Ana Lima, a customer since 2021"
+
+    @function_tool(defer_loading=True)
+    def book_meeting(title: str, start: str) -> str:
+        """Book a meeting in the team's calendar."""
+        raise AssertionError("not found by the search, never called")
+
+    def calls(name: str, arguments: str, id: str) -> Reply:
+        return Reply(Generation([Step("tool", arguments, tool_id=id, tool_name=name), Step("finish", finish_reason="tool_calls")]))
+
+    upstream.script(
+        calls("tool_search", '{"query": "customer record by email"}', "call_s"),
+        calls("crm__lookup_customer", '{"email": "a@b.c"}', "call_l"),
+        Reply(Generation([Step("text", "Ana Lima, since 2021."), Step("finish", finish_reason="stop")])),
+    )
+    set_tracing_disabled(True)  # else the SDK posts traces to api.openai.com
+    async with openai.AsyncOpenAI(base_url=f"{proxy}/v1", api_key="unused", max_retries=0, timeout=20) as client:
+        crm = tool_namespace(name="crm", description="The customer records.", tools=[lookup_customer])
+        agent = Agent(name="desk", model=OpenAIResponsesModel("m", client), tools=[*crm, book_meeting, ToolSearchTool()])
+        if streamed:
+            result = Runner.run_streamed(agent, "Who is a@b.c?")
+            named = [event.name async for event in result.stream_events() if event.type == "run_item_stream_event"]
+            assert named[:2] == ["tool_search_called", "tool_search_output_created"]
+        else:
+            result = await Runner.run(agent, "Who is a@b.c?")
+
+    assert result.final_output == "Ana Lima, since 2021." and looked_up == ["a@b.c"]
+    assert [item.type for item in result.new_items] == [
+        "tool_search_call_item", "tool_search_output_item", "tool_call_item", "tool_call_output_item", "message_output_item",
+    ]
+    sent = upstream.requests[0]["tools"]
+    assert [tool["function"]["name"] for tool in sent] == ["tool_search"]  # the deferred ones wait
+    # The runner's next request carries the search's items back: the tool it loaded stays offered.
+    found, last = upstream.requests[1:]
+    assert [tool["function"]["name"] for tool in last["tools"]] == ["tool_search", "crm__lookup_customer"]
+    assert last["tools"] == found["tools"]
+    assert [message["role"] for message in last["messages"]] == ["user", "assistant", "tool", "assistant", "tool"]
+    assert last["messages"][2]["content"] == "Tools loaded, now callable: crm__lookup_customer."

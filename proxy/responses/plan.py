@@ -134,8 +134,9 @@ def plan_call(
             code="unsupported_parameter",
         )
     ignored: list[str] = []
-    tools = _client_tools(offered_tools(request), settings, ignored, servers.builtins)
-    table = ToolTable(tools, servers.tools, servers.builtins)
+    batches = [_client_tools(batch, settings, ignored, servers.builtins) for batch in offered_tools(request)]
+    tools = [tool for batch in batches for tool in batch]
+    table = ToolTable(batches, servers.tools, servers.builtins)
     top_logprobs = effective_top_logprobs(request.top_logprobs, settings.max_top_logprobs)
     stream = bool(request.stream)
     # A background run always reads the upstream as a stream: its events are what it keeps.

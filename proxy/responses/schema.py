@@ -588,19 +588,20 @@ def _prepared(items: list[Any], sent_as: str | None) -> list[Any]:
     return prepared
 
 
-def offered_tools(request: CreateResponse) -> list[Tool]:
-    """The request's tools and those its `additional_tools` items add, in that order, then those
-    its `tool_search_output` items loaded (design.md 8.17), offered whatever their
-    `defer_loading` says; a deferred tool no search loaded stays in the list, for the echo, and
-    is offered to no model (`tools.ToolTable`)."""
+def offered_tools(request: CreateResponse) -> list[list[Tool]]:
+    """The request's tools in the batches they are offered in (design.md 8.17): its own and those
+    its `additional_tools` items add, in that order; then each `tool_search_output`'s, loaded
+    (offered whatever their `defer_loading` says), after them as its search added them. A
+    deferred tool no search loaded stays in the first, for the echo, and is offered to no model
+    (`tools.ToolTable`)."""
     tools = list(request.tools or ())
-    found: list[Tool] = []
+    found: list[list[Tool]] = []
     for item in request.items():
         if isinstance(item, AdditionalTools):
             tools += item.tools
         elif isinstance(item, ToolSearchOutput):
-            found += [loaded(tool) for tool in item.tools]
-    return [*tools, *found]
+            found.append([loaded(tool) for tool in item.tools])
+    return [tools, *found]
 
 
 def _hosted(kind: str) -> bool:
@@ -666,7 +667,7 @@ def _refuse_unsupported(request: CreateResponse) -> None:
         raise InvalidRequest("'stream_options' is only allowed when 'stream' is true.", param="stream_options")
     _check_deferral(request)
     choice = request.tool_choice
-    declared = set().union(*map(_declared, offered_tools(request)))
+    declared = set().union(*(_declared(tool) for batch in offered_tools(request) for tool in batch))
     if isinstance(choice, ToolChoiceFunction | ToolChoiceCustom) and (choice.namespace, choice.name) not in declared:
         raise InvalidRequest(
             f"tool_choice names the tool '{choice.name}', which is not in 'tools'.", param="tool_choice.name"

@@ -67,9 +67,11 @@ def _namespaced_name(namespace: str, name: str, taken: set[str]) -> str:
 
 
 class ToolTable:
-    """The request's tools, by chat name and by client name; its MCP servers' tools, as each
-    server listed them (`servers`, by label), among them; the deferred ones a tool search the
-    proxy runs may load into it (design.md 8.17)."""
+    """The request's tools, by chat name and by client name, offered in `batches`: its own, then
+    each that a tool search loaded, after them, as that search offered them within its turn, so
+    that a later turn's prompt is the one its rounds were sent (design.md 8.17); its MCP servers'
+    tools, as each server listed them (`servers`, by label), among them; the deferred ones a tool
+    search the proxy runs may load into it."""
 
     __slots__ = (
         "functions",
@@ -84,7 +86,7 @@ class ToolTable:
 
     def __init__(
         self,
-        tools: Iterable[Tool],
+        batches: Iterable[list[Tool]],
         servers: Mapping[str, list[dict[str, Any]]] | None = None,
         builtins: Mapping[str, Builtin] | None = None,
     ) -> None:
@@ -95,7 +97,8 @@ class ToolTable:
         self._server_names: dict[tuple[str, str], str] = {}
         self.functions: list[dict[str, Any]] = []
         self._deferred: list[_Deferred] = []
-        self._add(list(tools))
+        for tools in batches:
+            self._add(tools)
 
     def _add(self, tools: list[Tool]) -> None:
         """Offer `tools` after those offered already, each once; a deferred one waits for a
