@@ -76,7 +76,7 @@ def compatibility() -> dict[str, list[str]]:
     """design.md 8.15's block: every field and item type of the openai SDK, by what is done with
     it (tests/core/test_agent_requests.py checks it against the SDK)."""
     design = (ROOT / "docs" / "design.md").read_text()
-    block = design[design.index("```text", design.index("8.15 ")) :]
+    block = design[design.index("```text", design.index("### 8.15 ")) :]
     block = block[: block.index("```", 3)]
     return {
         kind: line.partition(":")[2].split()

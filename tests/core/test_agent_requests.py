@@ -431,7 +431,7 @@ def _body_fields(params: Any) -> set[str]:
 def _listed() -> dict[str, set[str]]:
     """design.md 8.15's block: `fields honoured: ...`, `items dropped: ...`, each a set of names."""
     text = (Path(__file__).parents[2] / "docs" / "design.md").read_text()
-    block = re.search(r"^8\.15 .*?^```text\n(.*?)^```", text, re.S | re.M)
+    block = re.search(r"^### 8\.15 .*?^```text\n(.*?)^```", text, re.S | re.M)
     assert block is not None, "design.md 8.15 holds the block"
     lines = [line.partition(":") for line in block[1].splitlines()]
     return {head: set(names.split()) for head, _, names in lines}
