@@ -44,6 +44,17 @@ def test_every_metric_says_what_it_counts(hooks: ModuleType) -> None:
     assert all(f"`{name}`" in page for name, *_ in metrics)
 
 
+def test_every_config_key_says_what_it_does(hooks: ModuleType) -> None:
+    """Each key of the config file has its docstring in proxy/config.py, in the order of the file,
+    and the reference page shows every key with its type and default."""
+    keys = list(hooks.sections(hooks.config_module.Config))
+    paths = [path for path, *_ in keys]
+    assert {"upstreams[].urls", "store.url", "mcp.allowed_servers", "listen.port"} <= set(paths)
+    assert [path for path, _, _, doc in keys if not doc or len(doc) < 10] == []
+    page = hooks.configuration_page()
+    assert all(f"### `{path}`" in page for path in paths)
+
+
 def test_every_error_says_when_it_is_answered(hooks: ModuleType) -> None:
     kinds = [kind for _, kind in hooks.errors()]
     assert {"InvalidRequest", "Conflict", "NotImplementedHere", "UpstreamTimeout"} <= {kind.__name__ for kind in kinds}
