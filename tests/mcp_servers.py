@@ -36,6 +36,19 @@ DESTRUCTIVE = ToolAnnotations(read_only_hint=False, destructive_hint=True)
 TOOL_NAMES = ("add", "echo", "search", "delete_item", "fail", "big", "words", "sleep")
 
 
+def id_words(n: int) -> str:
+    """A catalog tool's number as one word of its own (17: `oneseven`), so that a search for it
+    finds that tool alone."""
+    return "".join(("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")[int(digit)] for digit in str(n))
+
+
+def _record_tool(n: int) -> Callable[[str], Awaitable[str]]:
+    async def record(id: str) -> str:
+        return f"record {n}: {id}"
+
+    return record
+
+
 def search_text(query: str) -> str:
     """What the `search` tool answers, for tests to compare with."""
     return f"Results for {query}: 1. {query} - an overview (https://example.com/{query.replace(' ', '-')})"
@@ -62,9 +75,11 @@ class _Loopback:
 
 
 class ToolServer(_Loopback):
-    """The SDK's MCPServer on 127.0.0.1 (free port): streamable HTTP at `url`, SSE at `sse_url`."""
+    """The SDK's MCPServer on 127.0.0.1 (free port): streamable HTTP at `url`, SSE at `sse_url`;
+    with a `catalog`, that many more read-only tools (`record_<n>`), as a large server lists."""
 
-    def __init__(self) -> None:
+    def __init__(self, catalog: int = 0) -> None:
+        self.catalog = catalog
         self.calls: list[tuple[str, dict[str, Any]]] = []
         self.headers: list[dict[str, str]] = []  # every HTTP request's, names lower-cased
         self.raw_headers: list[list[tuple[str, str]]] = []  # every HTTP request's, in order, duplicates kept
@@ -122,6 +137,8 @@ class ToolServer(_Loopback):
                 self.sleeping -= 1
             return "slept"
 
+        for n in range(self.catalog):
+            server.add_tool(_record_tool(n), name=f"record_{n}", description=f"Read entry {id_words(n)} of the archive.", annotations=READ_ONLY)
         return server
 
     async def _record(self, ctx: ServerRequestContext[Any, Any], call_next: CallNext) -> HandlerResult:

@@ -138,7 +138,6 @@ async def test_a_compacted_history_keeps_the_loaded_tools(upstream: FakeUpstream
     ("tools", "param", "says"),
     [
         pytest.param([WEATHER, CRM], "tools", "Deferred tools require tools.tool_search", id="deferred-without-search"),
-        pytest.param([WEATHER, SEARCH], "tools", "requires at least one deferred tool", id="search-without-deferred"),
         pytest.param([WEATHER, {"type": "tool_search"}], "tools", "requires at least one deferred tool", id="server-search-without-deferred"),
         pytest.param([CRM, SEARCH, {"type": "tool_search"}], "tools[2]", "Only one tool_search", id="two-searches"),
     ],
@@ -149,6 +148,17 @@ async def test_a_deferral_that_cannot_be_honoured_is_a_400(upstream: FakeUpstrea
         error = envelope(await answer.json())
     assert error["param"] == param and says in error["message"]
     assert upstream.requests == []
+
+
+async def test_a_clients_search_needs_no_deferred_tool_in_the_request(upstream: FakeUpstream, sdk: openai.AsyncOpenAI) -> None:
+    """Codex 0.171 holds its deferred MCP tools itself: it sends its `tool_search` alone, and the
+    tools its search found in its `tool_search_output`."""
+    upstream.script(Reply(searching()), Reply(calling_lookup()))
+    first = await sdk.responses.create(model="m", input="Look up a@b.c", tools=[WEATHER, SEARCH])  # type: ignore[arg-type]
+    assert [item.type for item in first.output] == ["tool_search_call"]
+    assert offered(upstream.requests[-1]) == {"weather", "tool_search"}
+    await sdk.responses.create(model="m", previous_response_id=first.id, input=[loaded_by("call_s1")], tools=[WEATHER, SEARCH])  # type: ignore[list-item, arg-type]
+    assert offered(upstream.requests[-1]) == {"weather", "tool_search", "crm__lookup"}
 
 
 async def test_openais_own_search_items_in_a_history_are_dropped(upstream: FakeUpstream, sdk: openai.AsyncOpenAI) -> None:

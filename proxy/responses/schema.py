@@ -706,8 +706,9 @@ def _refuse_unsupported(request: CreateResponse) -> None:
 
 def _check_deferral(request: CreateResponse) -> None:
     """Deferred tools and the search that loads them go together, as OpenAI has them (design.md
-    8.17): one without the other is a 400 naming `tools`; a second search, which the model could
-    not tell from the first, a 400 naming it."""
+    8.17): deferred tools without a search, or a search the server is to run with nothing to
+    search, are a 400 naming `tools`; a second search, which the model could not tell from the
+    first, a 400 naming it. A client's search needs none: it holds its deferred tools (Codex)."""
     given = [(f"tools[{index}]", tool) for index, tool in enumerate(request.tools or ())]
     for at, item in enumerate(request.input if isinstance(request.input, list) else ()):
         if isinstance(item, AdditionalTools):
@@ -720,7 +721,7 @@ def _check_deferral(request: CreateResponse) -> None:
         raise InvalidRequest(
             "Invalid Value: 'tools.defer_loading'. Deferred tools require tools.tool_search.", param="tools"
         )
-    if searches and not some_deferred:
+    if any(search.execution != "client" for _, search in searches) and not some_deferred:
         raise InvalidRequest(
             "Invalid Value: 'tools.tool_search'. tools.tool_search requires at least one deferred tool.", param="tools"
         )

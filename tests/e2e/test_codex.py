@@ -13,8 +13,11 @@ from proxy.responses.compaction import HEAD, PROMPT
 from tests.e2e.clients import Codex, CodexRun
 from tests.e2e.model import answers, calls, chat_tools, script, tool_round
 from tests.fake_upstream import FakeUpstream, Generation, Reply
+from tests.mcp_servers import ToolServer
 
 DONE = "All done."
+# codex-rs' count of MCP tools past which it deferred them behind its tool search, before 0.171.
+DIRECT_MCP_TOOL_EXPOSURE_THRESHOLD = 100
 
 
 async def test_exec_command_turn(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
@@ -159,3 +162,45 @@ async def test_a_turn_over_the_websocket_transport(codex: Codex, upstream: FakeU
     # frame, so it counts as a client gone, 499, not 101).
     served = [line for line in text.splitlines() if line.startswith('proxy_requests_total{endpoint="/v1/responses"')]
     assert len(served) == 1 and served[0].endswith(" 1.0") and len(upstream.requests) == 2, text
+
+
+async def test_deferred_mcp_tools_are_found_by_codexs_tool_search(codex: Codex, upstream: FakeUpstream, proxy: str, tmp_path: Path) -> None:
+    """design.md 8.17: Codex 0.171 defers its MCP tools behind its own `tool_search`
+    (`execution: client`) for a model whose card supports the search (its gpt-5.x cards), where
+    older Codex did past 100 MCP tools (codex-rs' DIRECT_MCP_TOOL_EXPOSURE_THRESHOLD; 0.171's
+    `tool_search_always_defer_mcp_tools` is on, whatever the count): the request carries the
+    search and no MCP tool. The model's search comes back as a `tool_search_call`, Codex ranks
+    its deferred tools and answers with a `tool_search_output`, the proxy offers what it loaded,
+    and Codex runs the MCP tool the model calls."""
+    server = ToolServer(catalog=DIRECT_MCP_TOOL_EXPOSURE_THRESHOLD)  # past the old threshold too
+    loaded = "mcp__archive__record_7"
+
+    def choose(body: dict[str, Any]) -> Reply:
+        said = [message for message in body["messages"] if message["role"] == "tool"]
+        if not said:
+            return Reply(Generation(calls("tool_search", {"query": "archive entry seven"}, "call_search")))
+        if len(said) == 1:
+            return Reply(Generation(calls(loaded, {"id": "A-1"}, "call_record")))
+        return Reply(Generation(answers(DONE)))
+
+    upstream.choose = choose
+    await server.start()
+    try:
+        run = await codex.exec(
+            proxy, "Read entry seven of the archive.", tmp_path, model="gpt-5.5-local",
+            flags=("-c", f'mcp_servers.archive.url="{server.url}"'),
+        )
+    finally:
+        await server.close()
+
+    assert run.rc == 0, run.transcript
+    assert run.answer == DONE, run.transcript
+    assert server.calls == [("record_7", {"id": "A-1"})], run.transcript
+    searching, found, answered = upstream.requests
+    assert "tool_search" in chat_tools(searching) and not any(name.startswith("mcp__archive") for name in chat_tools(searching))
+    assert loaded in chat_tools(found) and len([name for name in chat_tools(found) if name.startswith("mcp__archive")]) <= 8
+    call, result = found["messages"][-2:]
+    assert call["tool_calls"][0]["function"]["name"] == "tool_search" and result["role"] == "tool"
+    assert loaded in result["content"], result  # the names the search made callable
+    assert answered["messages"][-1] == {"role": "tool", "tool_call_id": "call_record", "content": answered["messages"][-1]["content"]}
+    assert "record 7: A-1" in answered["messages"][-1]["content"]
