@@ -406,7 +406,9 @@ async def silent_reader(url: str, body: dict, path: str = "/v1/responses") -> as
 
 @pytest.mark.parametrize(("path", "body"), STREAMED, ids=["responses", "chat-relay"])
 async def test_silent_readers_are_let_go_and_a_full_pool_says_so(upstream: FakeUpstream, start_proxy, http: aiohttp.ClientSession, path: str, body: dict) -> None:
-    timeouts = {"client_idle": 0.5, "connect": 1.0}  # a loaded machine can take 0.3 s to connect on loopback
+    # The wait for a pooled connection (connect) ends before the silent readers are let go
+    # (client_idle); 0.3 s to connect failed a reader on a loaded machine.
+    timeouts = {"client_idle": 2.0, "connect": 1.0}
     url = await start_proxy(parse({"upstreams": [{"name": "default", "urls": [upstream.url], "max_connections": 3, "timeouts": timeouts}]}))
     upstream.choose = lambda _: Reply(FLOOD)
     readers = [await silent_reader(url, body, path) for _ in range(3)]
