@@ -14,7 +14,7 @@ import pytest
 
 from proxy.config import Config, parse
 from proxy.store.redis import RedisBackend
-from tests.client import post_json
+from tests.client import eventually, post_json
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 from tests.harness import sample, scrape
 
@@ -106,6 +106,27 @@ async def test_the_bound_counts_the_sessions_each_replica_holds(two: list[FakeUp
     url = await start_proxy(fleet_config(two))
     served = [await session(http, url, two, f"session {i}") for i in range(8)]
     assert max(served.count(0), served.count(1)) <= 5
+
+
+async def test_a_replica_a_known_session_would_spill_from_takes_no_new_one(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession
+) -> None:
+    """design.md 11.5: where its prefix was sent carries as many requests in flight as a known
+    session spills at (11.2): a new session of that prompt goes to the other replica."""
+    url = await start_proxy(fleet_config(two))
+    home = await session(http, url, two, "first")
+    assert await session(http, url, two, "another product", OTHER) != home  # one session each
+    two[home].script(Reply(answer().generation, stall_after=1), Reply(answer().generation, stall_after=1))
+    body = {"model": "m", "instructions": PRODUCT, "input": "go on", "prompt_cache_key": "first", "stream": True}
+    streams = [asyncio.create_task(post_json(http, f"{url}/v1/responses", body)) for _ in range(2)]
+    try:
+        await eventually(lambda: two[home].active_streams == 2, 5)  # ceil(1.25 * (2 + 1) / 2) = 2
+        two[home].script(answer())
+        assert await session(http, url, two, "second") != home
+    finally:
+        for stream in streams:
+            stream.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
 
 
 async def test_only_sessions_active_within_the_window_count(two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession) -> None:

@@ -125,15 +125,18 @@ def salt_of(url: str) -> bytes:
     return hashlib.blake2b(url.encode(), digest_size=16).digest()
 
 
+def in_flight_cap(usable: Sequence[Weighted], load_factor: float) -> int:
+    """The requests in flight a replica must carry fewer of to take one more: `load_factor`
+    times the mean with this request counted, rounded up (consistent hashing with bounded
+    loads, 11.2)."""
+    return math.ceil(load_factor * (sum(replica.outstanding for replica in usable) + 1) / len(usable))
+
+
 def choose(key: str, pinned: str | None, usable: Sequence[R], load_factor: float) -> list[R]:
     """The replicas to try, in order: the pinned one if it is usable and under the bound, else
     the first in the session's order that is; then the others under the bound, in that order;
-    then the rest, fewest in flight first. The bound is `load_factor` times the mean of what is
-    in flight with this request counted, rounded up (consistent hashing with bounded loads). A
-    session pinned nowhere yet has no prefix cached anywhere, so it costs nothing to place it
-    evenly: its bound is the mean itself, rounded up."""
-    factor = load_factor if pinned is not None else 1.0
-    cap = math.ceil(factor * (sum(replica.outstanding for replica in usable) + 1) / len(usable))
+    then the rest, fewest in flight first."""
+    cap = in_flight_cap(usable, load_factor)
     order = ranked(key, usable)
     under = [replica for replica in order if replica.outstanding < cap]
     first = next((replica for replica in under if replica.url == pinned), None)

@@ -8,9 +8,9 @@ timeout `UpstreamTimeout` (504), an error status whatever the core's parser make
 Balancing: a call with a session goes to its session's replica, within a bound on load
 (`affinity.py`, design.md 11.2), a new session where its prompt's prefix was sent, within a bound
 on the sessions each replica holds (`placement.py`, 11.5); one without, or an upstream set to
-`least_outstanding`, to the replica with the fewest outstanding requests, ties taken in turn. A replica that refuses a
-connection is skipped for `eject_seconds` (passive); with `health_check` set, a probe takes
-failing replicas out and brings them back (active). A request moves to another replica only
+`least_outstanding`, to the replica with the fewest outstanding requests, ties taken in turn. A
+replica that refuses a connection is skipped for `eject_seconds` (passive); with `health_check`
+set, a probe takes failing replicas out and brings them back (active). A request moves to another replica only
 when it never reached one: once a request was sent, a retry could run a generation twice.
 """
 
@@ -494,11 +494,10 @@ class UpstreamClient:
                             replica.outstanding -= 1
                             response.close()
                             raise
-                    found = prefix is not None and matched > 0 and replica is candidates[0]
-                    if found and prefix is not None:
-                        session.placed = (prefix, matched, replica.url)
-                    new = PREFIX if found else NEW
-                    self._on_route(self.config.name, HIT if replica.url == pinned else new if pinned is None else SPILL)
+                    outcome = HIT if replica.url == pinned else NEW if pinned is None else SPILL
+                    if prefix is not None and matched and replica is candidates[0]:
+                        session.placed, outcome = (prefix, matched, replica.url), PREFIX
+                    self._on_route(self.config.name, outcome)
                 return response, replica
         raise UpstreamNotReached(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
 

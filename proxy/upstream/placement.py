@@ -14,7 +14,7 @@ from typing import Any
 
 import orjson
 
-from .affinity import R, ranked
+from .affinity import R, in_flight_cap, ranked
 
 # The leading part is digested every BLOCK bytes and at the end of each of its parts, at most
 # DIGESTS times (128 KiB): a prefix that two prompts share up to any of those points matches.
@@ -78,13 +78,17 @@ def place(
 
     The bound: a replica takes the session while, with it, it holds at most `factor` times the
     mean of the sessions held, or the mean rounded up where that is more (its share of a few
-    sessions, design.md 11.5). The longest prefix held by a replica within it wins, the least
-    loaded of its holders first; else the least loaded replica. Ties go by the prefix's own
-    order of the replicas (rendezvous hashing of `tie`)."""
-    order = sorted(ranked(prefix.tie, usable), key=lambda replica: loads.get(replica.url, 0))
+    sessions, design.md 11.5), and carries fewer requests in flight than a known session would
+    spill at (11.2). The longest prefix held by a replica within it wins, the least loaded of
+    its holders first; else the least loaded replica, those over the bound in flight last. Ties
+    go by the prefix's own order of the replicas (rendezvous hashing of `tie`)."""
+    cap = in_flight_cap(usable, factor)
+    order = sorted(
+        ranked(prefix.tie, usable), key=lambda replica: (replica.outstanding >= cap, loads.get(replica.url, 0))
+    )
     mean = (sum(loads.get(replica.url, 0) for replica in usable) + 1) / len(usable)
     bound = max(factor * mean, math.ceil(mean))
-    within = [replica for replica in order if loads.get(replica.url, 0) + 1 <= bound]
+    within = [replica for replica in order if loads.get(replica.url, 0) + 1 <= bound and replica.outstanding < cap]
     for index in reversed(range(min(len(held), len(prefix.digests)))):
         holder = next((replica for replica in within if replica.url in held[index]), None)
         if holder is not None:

@@ -14,8 +14,8 @@ TOOLS = [{"type": "function", "function": {"name": "exec", "parameters": {"type"
 
 
 class Replica:
-    def __init__(self, url: str) -> None:
-        self.url, self.salt, self.outstanding = url, salt_of(url), 0
+    def __init__(self, url: str, outstanding: int = 0) -> None:
+        self.url, self.salt, self.outstanding = url, salt_of(url), outstanding
 
 
 REPLICAS = [Replica(f"http://r{i}") for i in range(3)]
@@ -118,6 +118,19 @@ def test_the_bound_is_the_factor_of_the_mean_or_the_mean_rounded_up() -> None:
     assert place(PREFIX, everywhere, loads(4, 4, 3), REPLICAS, 1.25)[1] > 0  # 5 <= 1.25 * 4
     assert place(PREFIX, everywhere, loads(5, 4, 2), REPLICAS, 1.25)[1] == 0
     assert place(PREFIX, everywhere, loads(5, 4, 2), REPLICAS, 2.0)[1] > 0
+
+
+def test_a_replica_a_known_session_would_spill_from_takes_no_new_one() -> None:
+    """design.md 11.5: the new session would add to a replica's requests in flight; where a known
+    session would spill for them (11.2), its prefix does not hold it there."""
+    r0 = REPLICAS[0].url
+    busy = [Replica(replica.url, 3 if replica.url == r0 else 1) for replica in REPLICAS]
+    index = held(len(PREFIX.digests) - 1, r0)
+    assert place(PREFIX, index, loads(1, 1, 1), REPLICAS, 1.25)[0][0].url == r0
+    order, matched = place(PREFIX, index, loads(1, 1, 1), busy, 1.25)  # ceil(1.25 * 6 / 3) = 3: at it
+    assert matched == 0 and order[-1].url == r0  # over the bound in flight: last
+    busy[0].outstanding = 2
+    assert place(PREFIX, index, loads(1, 1, 1), busy, 1.25)[0][0].url == r0
 
 
 def test_a_usage_that_found_far_less_cached_than_matched_names_what_to_forget() -> None:

@@ -121,17 +121,6 @@ def test_the_pinned_replica_first_while_under_the_bound() -> None:
     assert choose("s", "http://a", replicas, 1.25)[0].url == "http://a"  # ceil(1.25 * 3 / 3) = 2
 
 
-def test_a_new_session_is_placed_by_the_mean() -> None:
-    """design.md 11.2: a session pinned nowhere has no prefix cached anywhere: placed by a bound
-    of the mean itself, while a pinned one keeps its replica up to load_factor times it."""
-    for i in range(100):
-        first = ranked(f"s{i}", REPLICAS[:3])[0]
-        replicas = [Replica(replica.url, 2 if replica is first else 1) for replica in REPLICAS[:3]]
-        # 5 with this call over 3: ceil(5 / 3) = 2 for a new session, ceil(1.25 * 5 / 3) = 3 for a pinned one.
-        assert choose(f"s{i}", None, replicas, 1.25)[0].url != first.url
-        assert choose(f"s{i}", first.url, replicas, 1.25)[0].url == first.url
-
-
 @pytest.mark.parametrize("load_factor", [1.25, 1.5])
 def test_skewed_sessions_keep_the_busiest_replica_within_the_bound(load_factor: float) -> None:
     """design.md 11.2: sessions of very different sizes (a few long agents, many short chats)
