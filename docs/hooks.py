@@ -140,18 +140,22 @@ def _pinned_at_ends(body: str, cited: dict[str, list[str]]) -> str:
 
 def citations() -> dict[str, list[str]]:
     """Each rule's tests: the test functions whose name, docstring or body cite it
-    (`design.md 3.7`, `design.md 14.3, 14.5`)."""
+    (`design.md 3.7`, `design.md 14.3, 14.5`), and the test files whose docstring does."""
     found: dict[str, list[str]] = {}
+
+    def cite(text: str, where: str) -> None:
+        for listed in re.findall(r"design\.md ((?:\d+\.\d+(?:, )?)+)", text):
+            for number in listed.split(", "):
+                if where not in found.setdefault(number, []):
+                    found[number].append(where)
+
     for path in sorted((ROOT / "tests").rglob("test_*.py")):
         source = path.read_text()
-        for node in ast.walk(ast.parse(source)):
+        tree = ast.parse(source)
+        cite(ast.get_docstring(tree) or "", str(path.relative_to(ROOT)))
+        for node in ast.walk(tree):
             if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.name.startswith("test_"):
-                text = ast.get_source_segment(source, node) or ""
-                for listed in re.findall(r"design\.md ((?:\d+\.\d+(?:, )?)+)", text):
-                    for number in listed.split(", "):
-                        where = f"{path.relative_to(ROOT)}::{node.name}"
-                        if where not in found.setdefault(number, []):
-                            found[number].append(where)
+                cite(ast.get_source_segment(source, node) or "", f"{path.relative_to(ROOT)}::{node.name}")
     return found
 
 

@@ -1,4 +1,4 @@
-"""What users install holds the product: the sdist and the wheel built by the standard `build`
+"""What users install holds the product (design.md 2.6): the sdist and the wheel built by the standard `build`
 frontend carry every file of the source tree's `proxy/` package, compared with the tree itself
 (not with a list kept by hand), so a folder without its `__init__.py` or a new data file that the
 package data leaves out fails here, where an editable install would import it anyway."""
@@ -83,7 +83,8 @@ print("\\n".join(sorted({name.split(".")[0] for name in sys.modules})))
 
 
 def test_a_plain_start_imports_no_feature_it_does_not_use(tmp_path: Path) -> None:
-    """The default config's app (its SQLite store in the working folder) started and stopped."""
+    """design.md 2.6: the default config's app (its SQLite store in the working folder) started
+    and stopped."""
     started = subprocess.run([sys.executable, "-c", PLAIN_START], cwd=tmp_path, capture_output=True, text=True, check=True)
     imported = set(started.stdout.split())
     assert "proxy" in imported and "aiohttp" in imported
