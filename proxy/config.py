@@ -81,6 +81,10 @@ class Dialect(msgspec.Struct, frozen=True):
     then tokenizes that; None: it cannot."""
     tokenize_path: str = "/tokenize"
     """The path `chat` tokenizing posts to."""
+    shares_prefix: Literal["prefilled", "answered"] = "prefilled"
+    """When a prompt's prefix computed for one request can serve another (design.md 11.5):
+    SGLang's and vLLM's caches take it once prefilled (the answer's first byte); a llama-server
+    slot shares nothing while busy, so only once its answer ended."""
 
 
 DIALECTS = {
@@ -88,7 +92,9 @@ DIALECTS = {
         reasoning_field="reasoning_content", min_top_logprobs=0, tokenizer="chat", tokenize_path="/v1/tokenize"
     ),
     "vllm": Dialect(reasoning_field="reasoning", min_top_logprobs=0, tokenizer="chat"),
-    "llama.cpp": Dialect(reasoning_field="reasoning_content", min_top_logprobs=1, tokenizer="template"),
+    "llama.cpp": Dialect(
+        reasoning_field="reasoning_content", min_top_logprobs=1, tokenizer="template", shares_prefix="answered"
+    ),
     "generic": Dialect(reasoning_field=None, min_top_logprobs=0),
 }
 
@@ -158,7 +164,8 @@ class Upstream(_Section, frozen=True):
     index after it was last sent (design.md 11.5)."""
     session_window: Seconds = 300.0
     """A new session goes where its prompt's prefix was sent, while that replica holds at most
-    `load_factor` times the mean of the sessions active within this window (design.md 11.5)."""
+    `load_factor` times the mean of the sessions active within this window, or one more than
+    the mean (design.md 11.5)."""
     cache_salt: Literal["per_key"] | None = None
     """`per_key`: each API key's calls get a cache_salt of their own, so that tenants never share a
     cached prefix (design.md 11.6); unset, a client's own cache_salt goes as it came."""

@@ -15,6 +15,7 @@ import pytest
 from proxy.config import Config, parse
 from proxy.store.redis import RedisBackend
 from tests.client import eventually, post_json
+from tests.client import stream as streamed
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 from tests.harness import sample, scrape
 
@@ -28,11 +29,11 @@ def answer(cached: int = 2900) -> Reply:
     return Reply(Generation(steps, completion_tokens=1, prompt_tokens=3000, cached_tokens=cached))
 
 
-async def replicas(n: int) -> list[FakeUpstream]:
+async def replicas(n: int, *script: Reply) -> list[FakeUpstream]:
     fleet = [FakeUpstream() for _ in range(n)]
     for replica in fleet:
         await replica.start()
-        replica.script(answer())
+        replica.script(*(script or [answer()]))
     return fleet
 
 
@@ -74,16 +75,16 @@ async def session(http: aiohttp.ClientSession, url: str, fleet: list[FakeUpstrea
 async def test_a_new_session_goes_where_the_longest_prefix_it_shares_was_sent(
     two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
 ) -> None:
-    """design.md 11.5: the first session of a product goes by the prompt's own order; one that
-    adds its context after the product's instructions goes to the least loaded (the other);
-    the next such session goes where that longer prefix went, though the shorter one is held,
-    and tied loads would send it back by the prompt's order."""
+    """design.md 11.5: the first session of a product goes by the prompt's own order, the next
+    where its instructions were sent, up to one more than the mean; past it, one that adds its
+    context after the instructions goes to the least loaded (the other); the next such session
+    goes where that longer prefix went, though the shorter one is held within the bound too."""
     url = await start_proxy(fleet_config(two, store))
-    home = await session(http, url, two, "plain 1")
+    home = await session(http, url, two, "plain 0")
+    assert await session(http, url, two, "plain 1") == home  # 2 <= 2 / 2 + 1
     longer = await session(http, url, two, "with context 1", context="the repository: forge/web")
-    assert longer != home
+    assert longer != home  # 3 > 3 / 2 + 1
     assert await session(http, url, two, "with context 2", context="the repository: forge/web") == longer
-    assert await session(http, url, two, "plain 2") == home
     metrics = await scrape(http, url)
     assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="prefix") == 2
     assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="new") == 2
@@ -116,11 +117,11 @@ async def test_a_replica_a_known_session_would_spill_from_takes_no_new_one(
     url = await start_proxy(fleet_config(two))
     home = await session(http, url, two, "first")
     assert await session(http, url, two, "another product", OTHER) != home  # one session each
-    two[home].script(Reply(answer().generation, stall_after=1), Reply(answer().generation, stall_after=1))
+    two[home].script(*[Reply(answer().generation, stall_after=1)] * 3)
     body = {"model": "m", "instructions": PRODUCT, "input": "go on", "prompt_cache_key": "first", "stream": True}
-    streams = [asyncio.create_task(post_json(http, f"{url}/v1/responses", body)) for _ in range(2)]
+    streams = [asyncio.create_task(post_json(http, f"{url}/v1/responses", body)) for _ in range(3)]
     try:
-        await eventually(lambda: two[home].active_streams == 2, 5)  # ceil(1.25 * (2 + 1) / 2) = 2
+        await eventually(lambda: two[home].active_streams == 3, 5)  # max(ceil(1.25 * (3 + 1) / 2), 4 / 2 + 1) = 3
         two[home].script(answer())
         assert await session(http, url, two, "second") != home
     finally:
@@ -139,11 +140,41 @@ async def test_only_sessions_active_within_the_window_count(two: list[FakeUpstre
         await asyncio.sleep(0.6)
         assert await session(http, url, two, f"after a pause {i}") == home
     await asyncio.sleep(0.6)
-    await session(http, url, two, "busy")
-    for _ in range(3):  # its later turns, each within the window of the last
+    busy = ["busy", "busy too"]
+    assert [await session(http, url, two, key) for key in busy] == [home, home]  # 2 <= 2 / 2 + 1
+    for _ in range(3):  # their later turns, each within the window of the last
         await asyncio.sleep(0.3)
-        await session(http, url, two, "busy")
-    assert await session(http, url, two, "beside a busy one") != home
+        for key in busy:
+            await session(http, url, two, key)
+    assert await session(http, url, two, "beside two busy ones") != home  # 3 > 3 / 2 + 1
+
+
+@pytest.mark.parametrize("dialect", ["sglang", "llama.cpp"])
+async def test_a_new_session_waits_where_its_prefix_is_being_computed(start_proxy, http: aiohttp.ClientSession, dialect: str) -> None:
+    """design.md 11.5: a replica computing a prompt's prefix for a new session (sent, its
+    answer not begun) holds it for the next session of that prompt, which waits until the
+    replica can share it: SGLang's cache takes it once prefilled (the answer's first byte); a
+    llama-server slot only once the answer ended. Sent at once, the next session went to the
+    other replica, the least loaded, and computed the prefix again there."""
+    released = asyncio.Event()
+    two = await replicas(2, Reply(answer().generation, headers_delay=0.5, hold=released), answer())
+    try:
+        url = await start_proxy(fleet_config(two, dialect=dialect))
+        body = {"model": "m", "instructions": PRODUCT, "input": "the first task", "prompt_cache_key": "first"}
+        first = asyncio.create_task(streamed(http, url, body))
+        await eventually(lambda: sum(len(replica.requests) for replica in two) == 1, 5)
+        home = next(i for i, replica in enumerate(two) if replica.requests)
+        second = asyncio.create_task(session(http, url, two, "second"))
+        await asyncio.sleep(0.8)  # the first's answer began: its headers sent, its events held
+        assert sum(len(replica.requests) for replica in two) == (2 if dialect == "sglang" else 1)
+        released.set()
+        assert (await first)[-1]["type"] == "response.completed"
+        assert await second == home
+        metrics = await scrape(http, url)
+        assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="prefix") == 1
+    finally:
+        for replica in two:
+            await replica.close()
 
 
 async def test_gateway_replicas_share_where_prefixes_were_sent(

@@ -113,18 +113,19 @@ async def test_a_replica_over_the_bound_spills_the_session(fleet: list[FakeUpstr
             neighbour = f"other {i}"
             break
     assert neighbour is not None
-    fleet[home].script(Reply(LONG, stall_after=3))
+    fleet[home].script(Reply(LONG, stall_after=3), Reply(LONG, stall_after=3))
     body = {"model": "m", "input": "hi", "stream": True, "prompt_cache_key": neighbour}
-    stream = asyncio.create_task(post_json(http, f"{url}/v1/responses", body))
+    streams = [asyncio.create_task(post_json(http, f"{url}/v1/responses", body)) for _ in range(2)]
     try:
-        await eventually(lambda: fleet[home].active_streams == 1, 5)
+        await eventually(lambda: fleet[home].active_streams == 2, 5)
         fleet[home].script(Reply(HI))
-        # One in flight, on `home`: the bound is ceil(1.25 * 2 / 3) = 1, which `home` has.
+        # Two in flight, on `home`: the bound is max(ceil(1.25 * 3 / 3), ceil(3 / 3) + 1) = 2.
         spilled = (await turn(http, url, fleet, {"prompt_cache_key": "agent"}))[0]
         assert spilled != home
     finally:
-        stream.cancel()
-        await asyncio.gather(stream, return_exceptions=True)
+        for stream in streams:
+            stream.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
     assert {(await turn(http, url, fleet, {"prompt_cache_key": "agent"}))[0] for _ in range(3)} == {spilled}  # it stays
 
 

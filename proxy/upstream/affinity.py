@@ -18,6 +18,8 @@ from collections.abc import Collection, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    import asyncio
+
     from .placement import Prefix
 
 # How a session's replica was found, for the metrics: the map's, a new session's by its prefix
@@ -29,15 +31,17 @@ class Session:
     """A call's session as the upstream client routes it: its key, the replica its previous
     response came from (a hint from the stored chain), and, once sent, the replica it went to;
     `placed`: a new session's prefix, the bytes of it the replica it was placed on was sent
-    last, and that replica, until its usage says whether it still held them (11.5)."""
+    last, and that replica, until its usage says whether it still held them; `computing`: the
+    prefix it sends a replica that did not hold it, until that replica can share it (11.5)."""
 
-    __slots__ = ("key", "previous", "served_by", "placed")
+    __slots__ = ("key", "previous", "served_by", "placed", "computing")
 
     def __init__(self, key: str, previous: str | None = None) -> None:
         self.key = key
         self.previous = previous
         self.served_by: str | None = None
         self.placed: tuple[Prefix, int, str] | None = None
+        self.computing: tuple[Prefix, str, asyncio.Event] | None = None
 
 
 class AffinityMap(Protocol):
@@ -128,8 +132,11 @@ def salt_of(url: str) -> bytes:
 def in_flight_cap(usable: Sequence[Weighted], load_factor: float) -> int:
     """The requests in flight a replica must carry fewer of to take one more: `load_factor`
     times the mean with this request counted, rounded up (consistent hashing with bounded
-    loads, 11.2)."""
-    return math.ceil(load_factor * (sum(replica.outstanding for replica in usable) + 1) / len(usable))
+    loads, 11.2), or one more than the mean rounded up where that is more: at a few requests
+    in flight the factor alone spills a session from a replica carrying 2 beside one carrying
+    none, its history prefilled again elsewhere to save a wait for one request."""
+    mean = (sum(replica.outstanding for replica in usable) + 1) / len(usable)
+    return max(math.ceil(load_factor * mean), math.ceil(mean) + 1)
 
 
 def choose(key: str, pinned: str | None, usable: Sequence[R], load_factor: float) -> list[R]:

@@ -40,7 +40,7 @@ from ..errors import (
 )
 from ..responses.chat import upstream_error
 from .affinity import HIT, NEW, PREFIX, SPILL, AffinityMap, Session, choose, salt_of
-from .placement import SessionLoads, place, prefix_of, stale
+from .placement import Computing, Prefix, SessionLoads, place, prefix_of, stale
 
 _MAX_ERROR_BODY = 64 * 1024
 _DRAIN_TIMEOUT = 1.0
@@ -262,6 +262,8 @@ class UpstreamClient:
         self._affinity = affinity if several else None
         self._on_route = on_route or (lambda upstream, outcome: None)
         self._loads = SessionLoads(config.session_window)
+        self._computing = Computing()
+        self._shared_once_answered = config.wire().shares_prefix == "answered"
         self._forgetting: set[asyncio.Task[None]] = set()
         # Whether a call's session changes where it goes: else it is not worked out at all.
         self.keyed = self._affinity is not None or bool(config.session_header)
@@ -378,6 +380,8 @@ class UpstreamClient:
                 response.release()
                 replica.outstanding -= 1
         finally:
+            if session is not None:
+                self._computed(session)
             self._slots.release()
             self._in_flight -= 1
             if not self._in_flight:
@@ -462,13 +466,23 @@ class UpstreamClient:
             pinned = await affinity.get(session.key) or session.previous
             if pinned is None:
                 prefix = prefix_of(body if isinstance(body, dict) else _chat(data), len(data))
-                held = await affinity.holders(prefix.digests) if prefix.digests else []
+                sent = await affinity.holders(prefix.digests) if prefix.digests else []
+                held = self._computing.held(prefix, sent)
                 loads = self._loads.held(time.monotonic())
                 candidates, matched = place(prefix, held, loads, self._usable(), self.config.load_factor)
+                if matched:
+                    digest = prefix.digests[prefix.ends.index(matched)]
+                    await self._computing.wait(digest, candidates[0].url, self.config.timeouts.first_byte)
             else:
                 candidates = choose(session.key, pinned, self._usable(), self.config.load_factor)
+        # The replica the whole of a new session's prefix was sent to computes none of it.
+        cached = candidates[0] if prefix is None or not prefix.ends or matched == prefix.ends[-1] else None
         refused: list[str] = []
         for replica in candidates:
+            if session is not None and affinity is not None:
+                self._loads.touch(session.key, replica.url, time.monotonic())
+                if prefix is not None and prefix.ends and replica is not cached:
+                    self._compute(session, prefix, replica.url)
             replica.outstanding += 1
             try:
                 response = await self._failures.guard(
@@ -484,9 +498,10 @@ class UpstreamClient:
             else:
                 if session is not None:
                     session.served_by = replica.url
+                    if not self._shared_once_answered:
+                        self._computed(session)
                 if affinity is not None and session is not None:
                     # Once a replica answered: a request that reached none moves no session.
-                    self._loads.touch(session.key, replica.url, time.monotonic())
                     if replica.url != pinned:
                         try:
                             await affinity.set(session.key, replica.url, prefix.digests if prefix else ())
@@ -500,6 +515,17 @@ class UpstreamClient:
                     self._on_route(self.config.name, outcome)
                 return response, replica
         raise UpstreamNotReached(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
+
+    def _compute(self, session: Session, prefix: Prefix, replica: str) -> None:
+        self._computed(session)  # a replica tried before, which never received it
+        session.computing = (prefix, replica, self._computing.begin(prefix, replica))
+
+    def _computed(self, session: Session) -> None:
+        """The replica a new session was sent to can share its prefix (design.md 11.5): once its
+        answer began, or, where the engine shares nothing while busy, once it ended."""
+        if session.computing is not None:
+            self._computing.end(*session.computing)
+            session.computing = None
 
     def answered(self, session: Session, prompt: int, cached: int) -> None:
         """A call's usage (design.md 11.5): the replica a new session was placed on for its

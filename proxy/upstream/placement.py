@@ -5,8 +5,9 @@ nothing agree. Pure: the client hands in what the index knows, the loads and the
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import hashlib
-import math
 from collections import Counter, OrderedDict
 from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -21,6 +22,11 @@ from .affinity import R, in_flight_cap, ranked
 BLOCK = 4096
 DIGESTS = 32
 _LEADING_ROLES = ("system", "developer")
+# A replica may always hold one session more than the mean: at a few sessions a replica the factor
+# alone sends a product's second session to another replica (a bound of 1.25 over a mean of 1),
+# a copy of its prefix for a balance that costs nothing yet; from 4 a replica the factor is the
+# looser.
+SLACK = 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,18 +83,23 @@ def place(
     first was sent last (0: none). `held[i]`: the replicas that last received `digests[i]`.
 
     The bound: a replica takes the session while, with it, it holds at most `factor` times the
-    mean of the sessions held, or the mean rounded up where that is more (its share of a few
-    sessions, design.md 11.5), and carries fewer requests in flight than a known session would
-    spill at (11.2). The longest prefix held by a replica within it wins, the least loaded of
-    its holders first; else the least loaded replica, those over the bound in flight last. Ties
-    go by the prefix's own order of the replicas (rendezvous hashing of `tie`)."""
+    mean of the sessions held, or SLACK more than the mean where that is more (design.md
+    11.5), and carries fewer requests in flight than a known session would spill at (11.2).
+    The longest prefix held by a replica within it wins, the least loaded of its holders
+    first; else the least loaded replica, those over the bound on sessions last and, before
+    them, those over the bound in flight: a replica busy for a moment may take a session where
+    one past its share of sessions would keep it. Ties go by the prefix's own order of the
+    replicas (rendezvous hashing of `tie`)."""
     cap = in_flight_cap(usable, factor)
-    order = sorted(
-        ranked(prefix.tie, usable), key=lambda replica: (replica.outstanding >= cap, loads.get(replica.url, 0))
-    )
     mean = (sum(loads.get(replica.url, 0) for replica in usable) + 1) / len(usable)
-    bound = max(factor * mean, math.ceil(mean))
-    within = [replica for replica in order if loads.get(replica.url, 0) + 1 <= bound and replica.outstanding < cap]
+    bound = max(factor * mean, mean + SLACK)
+
+    def standing(replica: R) -> tuple[bool, bool, int]:
+        load = loads.get(replica.url, 0)
+        return load + 1 > bound, replica.outstanding >= cap, load
+
+    order = sorted(ranked(prefix.tie, usable), key=standing)
+    within = [replica for replica in order if not any(standing(replica)[:2])]
     for index in reversed(range(min(len(held), len(prefix.digests)))):
         holder = next((replica for replica in within if replica.url in held[index]), None)
         if holder is not None:
@@ -135,3 +146,44 @@ class SessionLoads:
     def _drop(self) -> None:
         _, (replica, _) = self._last.popitem(last=False)
         self._held[replica] -= 1
+
+
+class Computing:
+    """The prefixes being computed (design.md 11.5): each new session's digests on the replica it
+    was sent to, where the index did not say it held them all, until that replica can share
+    them with another request. Another new session of the prompt that goes there waits for it,
+    rather than computing the prefix a second time beside it."""
+
+    def __init__(self) -> None:
+        self._events: dict[str, dict[str, asyncio.Event]] = {}
+
+    def held(self, prefix: Prefix, sent: Sequence[Collection[str]]) -> list[set[str]]:
+        """The replicas the index says were sent each digest of `prefix` (`sent`, empty when it
+        could not say), with those computing it: a session of the prompt waits for it there."""
+        return [
+            set(self._events.get(digest, ())).union(sent[i] if i < len(sent) else ())
+            for i, digest in enumerate(prefix.digests)
+        ]
+
+    def begin(self, prefix: Prefix, replica: str) -> asyncio.Event:
+        done = asyncio.Event()
+        for digest in prefix.digests:
+            self._events.setdefault(digest, {}).setdefault(replica, done)
+        return done
+
+    def end(self, prefix: Prefix, replica: str, done: asyncio.Event) -> None:
+        done.set()
+        for digest in prefix.digests:
+            computing = self._events.get(digest)
+            if computing is not None and computing.get(replica) is done:
+                del computing[replica]
+                if not computing:
+                    del self._events[digest]
+
+    async def wait(self, digest: str, replica: str, timeout: float) -> None:
+        """Until `replica` can share `digest`, at most `timeout` seconds."""
+        done = self._events.get(digest, {}).get(replica)
+        if done is not None:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout):
+                    await done.wait()

@@ -98,9 +98,15 @@ class Run:
         return sum(turn.prompt - turn.cached for turn in self.first())
 
     def warm_return(self) -> float:
+        later = self.later()
+        return 1 - len(self.cold()) / len(later) if later else 1.0
+
+    def cold(self) -> list[tuple[Turn, Turn]]:
+        """Continuing turns whose cache did not hold their previous turn's prompt (less 16 tokens
+        of template), each with that previous turn."""
         previous = {(turn.product, turn.session, turn.index): turn for turn in self.turns}
-        warm = [turn.cached >= previous[turn.product, turn.session, turn.index - 1].prompt - 16 for turn in self.later()]
-        return sum(warm) / len(warm) if warm else 1.0
+        pairs = [(turn, previous[turn.product, turn.session, turn.index - 1]) for turn in self.later()]
+        return [(turn, before) for turn, before in pairs if turn.cached < before.prompt - 16]
 
     def back(self) -> float:
         """Continuing turns that went to the replica of their previous turn."""
@@ -295,6 +301,8 @@ async def measure(args: argparse.Namespace, work: Workload) -> list[Run]:
             if args.verbose:
                 for turn in sorted(run.first(), key=lambda turn: (turn.session, turn.product)):
                     print(f"  first turn of {turn.product}.{turn.session}: replica {turn.replica}, {turn.prompt} tokens, {turn.cached} cached, TTFT {turn.ttft:.1f} s")
+                for turn, before in run.cold():
+                    print(f"  cold turn {turn.index} of {turn.product}.{turn.session}: replica {turn.replica} (before: {before.replica}), {turn.cached} cached of the {before.prompt} before")
             print(f"{name}: " + ", ".join(f"{column} {cell}" for column, cell in zip(COLUMNS[1:], run.row(len(urls))[1:], strict=True)), flush=True)
             if run.routes:
                 print(f"  the proxies' session routes: {dict(run.routes)}", flush=True)

@@ -91,7 +91,7 @@ def test_the_longest_prefix_held_within_the_bound_wins() -> None:
     index = [a | b for a, b in zip(held(0, r1), held(len(PREFIX.digests) - 1, r2), strict=True)]
     order, matched = place(PREFIX, index, loads(1, 1, 1), REPLICAS, 1.25)
     assert order[0].url == r2 and matched == PREFIX.ends[-1]
-    # Its holder past the bound (1.25 times the mean, this session counted), the shorter one.
+    # Its holder past the bound (one more than the mean, this session counted), the shorter one.
     order, matched = place(PREFIX, index, loads(1, 1, 3), REPLICAS, 1.25)
     assert order[0].url == r1 and matched == PREFIX.ends[0]
     assert [replica.url for replica in order[1:]] == [r0, r2]  # then the least loaded
@@ -108,15 +108,18 @@ def test_with_no_holder_within_the_bound_the_least_loaded_by_the_prefix_own_orde
     assert place(PREFIX, [], tied, REPLICAS, 1.25)[0][0] is ranked(PREFIX.tie, [r for r in REPLICAS if r is not first])[0]
 
 
-def test_the_bound_is_the_factor_of_the_mean_or_the_mean_rounded_up() -> None:
+def test_the_bound_is_the_factor_of_the_mean_or_one_more_than_the_mean() -> None:
     r0 = REPLICAS[0].url
     everywhere = held(len(PREFIX.digests) - 1, r0)
-    # A fleet's first sessions: a replica may always take its share, the mean rounded up.
     assert place(PREFIX, everywhere, loads(0, 0, 0), REPLICAS, 1.25)[1] > 0
-    assert place(PREFIX, everywhere, loads(1, 1, 1), REPLICAS, 1.25)[1] > 0  # 2 <= ceil(4 / 3)
-    assert place(PREFIX, everywhere, loads(2, 1, 1), REPLICAS, 1.25)[1] == 0  # 3 > max(1.25 * 5 / 3, 2)
-    assert place(PREFIX, everywhere, loads(4, 4, 3), REPLICAS, 1.25)[1] > 0  # 5 <= 1.25 * 4
-    assert place(PREFIX, everywhere, loads(5, 4, 2), REPLICAS, 1.25)[1] == 0
+    assert place(PREFIX, everywhere, loads(1, 1, 1), REPLICAS, 1.25)[1] > 0  # 2 <= 4 / 3 + 1
+    # At a few sessions a replica, one more than the mean, where the factor alone would refuse.
+    assert place(PREFIX, everywhere, loads(2, 2, 1), REPLICAS, 1.25)[1] > 0  # 3 <= 6 / 3 + 1, > 1.25 * 2
+    assert place(PREFIX, everywhere, loads(2, 1, 1), REPLICAS, 1.25)[1] == 0  # 3 > 5 / 3 + 1
+    assert place(PREFIX, everywhere, loads(1, 0, 0), REPLICAS, 1.25)[1] == 0  # 2 > 2 / 3 + 1
+    # From 4 sessions a replica, the factor is the looser.
+    assert place(PREFIX, everywhere, loads(6, 5, 5), REPLICAS, 1.25)[1] > 0  # 7 <= 1.25 * 17 / 3, > 17 / 3 + 1
+    assert place(PREFIX, everywhere, loads(6, 5, 4), REPLICAS, 1.25)[1] == 0  # 7 > 1.25 * 16 / 3
     assert place(PREFIX, everywhere, loads(5, 4, 2), REPLICAS, 2.0)[1] > 0
 
 
@@ -127,10 +130,21 @@ def test_a_replica_a_known_session_would_spill_from_takes_no_new_one() -> None:
     busy = [Replica(replica.url, 3 if replica.url == r0 else 1) for replica in REPLICAS]
     index = held(len(PREFIX.digests) - 1, r0)
     assert place(PREFIX, index, loads(1, 1, 1), REPLICAS, 1.25)[0][0].url == r0
-    order, matched = place(PREFIX, index, loads(1, 1, 1), busy, 1.25)  # ceil(1.25 * 6 / 3) = 3: at it
+    order, matched = place(PREFIX, index, loads(1, 1, 1), busy, 1.25)  # max(ceil(1.25 * 6 / 3), 2 + 1) = 3: at it
     assert matched == 0 and order[-1].url == r0  # over the bound in flight: last
     busy[0].outstanding = 2
     assert place(PREFIX, index, loads(1, 1, 1), busy, 1.25)[0][0].url == r0
+
+
+def test_with_none_within_both_bounds_the_bound_on_sessions_comes_first() -> None:
+    """design.md 11.5: a replica busy for a moment takes a new session before one past its share
+    of sessions, which would keep it for all its turns."""
+    r0 = REPLICAS[0].url
+    busy = [Replica(replica.url, 3 if replica.url == r0 else 0) for replica in REPLICAS]  # cap 3: at it
+    order, matched = place(PREFIX, [], loads(0, 3, 3), busy, 1.25)  # r1, r2: 4 > 7 / 3 + 1
+    assert matched == 0 and order[0].url == r0
+    order, _ = place(PREFIX, [], loads(2, 2, 2), busy, 1.25)  # all within on sessions: r0 last
+    assert order[-1].url == r0
 
 
 def test_a_usage_that_found_far_less_cached_than_matched_names_what_to_forget() -> None:
