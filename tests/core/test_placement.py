@@ -4,10 +4,12 @@ each replica holds."""
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 from proxy.upstream.affinity import ranked, salt_of
-from proxy.upstream.placement import BLOCK, DIGESTS, Prefix, SessionLoads, place, prefix_of, stale
+from proxy.upstream.placement import BLOCK, DIGESTS, Computing, Prefix, SessionLoads, place, prefix_of, stale
 
 SYSTEM = "You are a careful agent. " * 400  # about 10 KB: several blocks
 TOOLS = [{"type": "function", "function": {"name": "exec", "parameters": {"type": "object"}}}]
@@ -172,3 +174,27 @@ def test_a_replica_holds_the_sessions_it_served_within_the_window() -> None:
     for i in range(3):
         bounded.touch(f"s{i}", "r0", i)
     assert bounded.held(3) == {"r0": 2}
+
+
+async def test_a_prefix_being_computed_is_held_there_until_it_can_be_shared() -> None:
+    """design.md 11.5: what a replica is computing counts as held, beside what the index says;
+    a wait for it ends when it can be shared, or at its bound; nothing is left once it ends."""
+    computing = Computing()
+    r0, r1 = REPLICAS[0].url, REPLICAS[1].url
+    done = computing.begin(PREFIX, r0)
+    computing.end(PREFIX, r0, computing.begin(PREFIX, r0))  # a second one there: the first's stay
+    longer = prefix_of(chat(system(), {"role": "developer", "content": "the repository"}), 13_000)
+    merged = computing.held(longer, [{r1}] * len(longer.digests))
+    assert merged[: len(PREFIX.digests)] == [{r0, r1}] * len(PREFIX.digests) and merged[-1] == {r1}
+    assert computing.held(PREFIX, []) == [{r0}] * len(PREFIX.digests)  # the index could not say
+    waiting = asyncio.create_task(computing.wait(PREFIX.digests[-1], r0, 5))
+    await asyncio.sleep(0)
+    assert not waiting.done()
+    computing.end(PREFIX, r0, done)
+    await asyncio.wait_for(waiting, 1)
+    assert computing.held(PREFIX, []) == [set()] * len(PREFIX.digests)
+    started = time.monotonic()
+    late = computing.begin(PREFIX, r1)
+    await computing.wait(PREFIX.digests[0], r1, 0.05)  # at its bound
+    assert 0.04 < time.monotonic() - started < 1 and not late.is_set()
+    await computing.wait(PREFIX.digests[0], r0, 5)  # nothing computing there: at once
