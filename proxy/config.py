@@ -176,6 +176,11 @@ class Upstream(_Section, frozen=True):
     def key(self) -> str | None:
         return os.environ.get(self.api_key_env) if self.api_key_env else self.api_key
 
+    def tenant(self, owner: str) -> str | None:
+        """Whose salt a call of `owner` carries in this upstream's cache (design.md 11.6): the
+        owner's, where `cache_salt` is `per_key`; else none but the client's own."""
+        return owner if self.cache_salt == "per_key" else None
+
     def wire(self) -> Dialect:
         """The upstream's dialect, with what this upstream sets of it."""
         dialect = DIALECTS[self.dialect]

@@ -287,6 +287,20 @@ async def test_a_cache_salt_goes_upstream_and_tenants_prefixes_are_placed_apart(
     assert split not in (a, b, "project x")
     assert (await salted("key-b", "b 2", cache_salt="project x"))[1] not in (a, b, split)
 
+    async def relayed(api_key: str, **body: Any) -> str:
+        before = [len(replica.requests) for replica in two]
+        chat = {"model": "m", "messages": [{"role": "system", "content": PRODUCT}, {"role": "user", "content": "hi"}], **body}
+        status, answered = await post_json(http, f"{url}/v1/chat/completions", chat, headers={"Authorization": f"Bearer {api_key}"})
+        assert status == 200, answered
+        return next(replica for i, replica in enumerate(two) if len(replica.requests) > before[i]).requests[-1]["cache_salt"]
+
+    # A relayed chat call is salted as a translated one: its key's salt, split by its own.
+    assert [await relayed("key-a"), await relayed("key-b"), await relayed("key-a", cache_salt="project x")] == [a, b, split]
+    status, refused = await post_json(
+        http, f"{url}/v1/chat/completions", {"model": "m", "messages": [], "cache_salt": 7}, headers={"Authorization": "Bearer key-a"}
+    )
+    assert status == 400 and refused["error"]["param"] == "cache_salt"
+
 
 async def test_relayed_chat_calls_are_placed_by_their_prefix(two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession) -> None:
     """design.md 11.5: a relayed /v1/chat/completions call's leading messages place it too."""

@@ -7,6 +7,7 @@ from aiohttp import hdrs, web
 from ..appkeys import RUNTIME
 from ..errors import InvalidRequest
 from ..responses.body import load_json
+from ..responses.plan import cache_salt
 from ..responses.session import chat_session, from_headers
 from ..upstream.affinity import Session
 from .body import read_body
@@ -21,14 +22,19 @@ async def forward(request: web.Request) -> web.StreamResponse:
     if not isinstance(model, str):
         raise InvalidRequest("'model' must be a string.", param="model")
     target, client = find_target(request, model)
+    caller = caller_of(request)
     sent = {**data, "model": target.model} if target.model != model else body
+    tenant = target.upstream.tenant(caller.owner)
+    if tenant is not None:  # salted as a translated call is (design.md 11.6)
+        asked = data.get("cache_salt")
+        if asked is not None and not (isinstance(asked, str) and asked):
+            raise InvalidRequest("'cache_salt' must be a non-empty string.", param="cache_salt")
+        sent = {**data, "model": target.model, "cache_salt": cache_salt(asked, tenant)}
     session = None
     if client.keyed:
         key = chat_session(data, from_headers(request.headers, request.app[RUNTIME].config.requests.session_headers))
         session = None if key is None else Session(key)
-    async with client.post(
-        request.path, sent, caller_of(request).upstream_headers(), relayed=True, session=session
-    ) as exchange:
+    async with client.post(request.path, sent, caller.upstream_headers(), relayed=True, session=session) as exchange:
         upstream = exchange.response
         headers = {"Content-Type": upstream.headers.get("Content-Type", "application/json")}
         if hdrs.CONTENT_ENCODING in upstream.headers:  # the bytes go as they came: say how (design.md 6.10)

@@ -167,7 +167,7 @@ def plan_call(
         tool_choice=tool_choice,
         response_format=_response_format(text),
         reasoning_effort=effort,
-        cache_salt=_cache_salt(request.cache_salt, tenant),
+        cache_salt=cache_salt(request.cache_salt, tenant),
     )
     asked = max(top_logprobs, settings.min_top_logprobs)
     if logprobs:
@@ -192,7 +192,7 @@ def plan_call(
     )
 
 
-def _cache_salt(asked: str | None, tenant: str | None) -> str | None:
+def cache_salt(asked: str | None, tenant: str | None) -> str | None:
     """The salt of the call's prefix in the upstream's cache (design.md 11.6): the client's own,
     or, for a tenant, one of its key's, which a client's own salt can split but never join to
     another key's."""

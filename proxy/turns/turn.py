@@ -251,7 +251,7 @@ async def plan_turn(
         generates = asks is Asks.RESPONSE
         servers, tools = await prepare(runtime.mcp, runtime.sealer, caller.owner, past.request, runs=generates)
         settings = translation_settings(target, runtime.sealer)
-        tenant = caller.owner if target.upstream.cache_salt == "per_key" else None  # design.md 11.6
+        tenant = target.upstream.tenant(caller.owner)
         call = plan_call(past.request, settings, stored=stored, servers=servers, tenant=tenant)
         if not generates:
             call = dataclasses.replace(call, prelude=())
