@@ -236,6 +236,29 @@ async def test_a_replica_found_without_the_prefix_is_forgotten_for_it(
     assert await session(http, url, two, "after the eviction") != home
 
 
+async def test_a_background_run_teaches_the_index_too(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 11.5: a background run's usage is its client's alone for the metrics (11.4),
+    but what its replica had cached places the next sessions as a foreground call's does."""
+    for replica in two:  # after the first answer
+        replica.script(answer(cached=100))
+    url = await start_proxy(fleet_config(two, store, load_factor=10))
+    home = await session(http, url, two, "first")
+    body = {"model": "m", "instructions": PRODUCT, "input": "the task", "prompt_cache_key": "in the background", "background": True}
+    status, queued = await post_json(http, f"{url}/v1/responses", body)
+    assert status == 200, queued
+
+    async def ended() -> bool:
+        async with http.get(f"{url}/v1/responses/{queued['id']}") as response:
+            return (await response.json())["status"] == "completed"
+
+    await eventually(ended, 5)
+    assert len(two[home].requests) == 2  # placed for its prefix, found it evicted
+    await asyncio.sleep(0.1)
+    assert await session(http, url, two, "after the eviction") != home
+
+
 async def test_a_prefix_sent_again_stays_in_the_index(
     two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
 ) -> None:

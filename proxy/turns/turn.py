@@ -183,8 +183,14 @@ class Turn:
             await self.release()
         log_failure(translator.error, self.caller.where, self.caller.request_id)
         response = translator.response
-        if response is not None and foreground and self.asks is not Asks.NOTHING:  # no upstream call, no tokens
-            self._count(response, out.first_chunk)
+        if response is not None and self.asks is not Asks.NOTHING:  # no upstream call, no tokens
+            if self.session is not None:  # what its replica had cached places the next sessions (11.5)
+                usage = response["usage"]
+                self.upstream.answered(
+                    self.session, usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
+                )
+            if foreground:
+                self._count(response, out.first_chunk)
         return out.made if self.asks is Asks.COMPACTION else response
 
     async def release(self) -> None:
@@ -200,8 +206,6 @@ class Turn:
         the time per output token after the first (12.2); on its span, what it made (12.1)."""
         usage, target = response["usage"], self.target
         elapsed = time.monotonic() - self.caller.started
-        if self.session is not None:  # what its replica had cached places the next sessions (11.5)
-            self.upstream.answered(self.session, usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"])
         self.metrics.answered(target.pattern, target.upstream.name, self.gen_ai, usage, first_chunk, elapsed)
         if self.tracing is not None:
             self.tracing.answered(response, first_chunk)
