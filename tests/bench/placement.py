@@ -30,7 +30,8 @@ to their previous turn's replica (the routing's part of it); turns per replica, 
 time to the first text event of first and of later turns (p50); and the proxies' own count of
 how sessions were routed (`proxy_session_routes_total`). Targets: first-turn prefill at most
 1.10x the ideal, warm-return at least 0.95, max/mean at most 1.25. `--runs` picks the runs,
-`--verbose` prints each first turn's replica and cached tokens.
+`--verbose` prints each first turn's replica and cached tokens and each continuing turn whose
+cache did not hold its previous turn, `--llama="..."` sets the llama-servers' cache options.
 """
 
 from __future__ import annotations
@@ -257,7 +258,7 @@ async def measure(args: argparse.Namespace, work: Workload) -> list[Run]:
         # KV buffer for its slots (--kv-unified) an idle slot is saved there, and slots taken
         # least recently used (-sps 0) load from there. By default a slot is taken by similarity,
         # and sessions that share a long prefix overwrite each other's slot without saving it.
-        options = ["--threads", "1", "--threads-batch", "1", "--kv-unified", "-sps", "0"]
+        options = ["--threads", "1", "--threads-batch", "1", *args.llama.split()]
         llamas = [
             await stack.enter_async_context(running("tools", ctx_size=args.ctx, parallel=args.slots, extra_args=options, ready_timeout=120))
             for _ in range(2)
@@ -360,6 +361,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="3 products of 3 sessions, 3 turns: a few minutes")
     parser.add_argument("--slots", type=int, default=2, help="llama-server slots (-np) a replica")
     parser.add_argument("--ctx", type=int, default=16384, help="llama-server context, shared by its slots")
+    parser.add_argument("--llama", default="--kv-unified -sps 0", help="llama-server's cache options, as --llama=\"...\" (default: %(default)s)")
     parser.add_argument("--ref", help="also run the proxy of this git revision")
     parser.add_argument("--runs", default="pinned,one,two,ref", help="which runs, of pinned, one, two, ref (default: %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="each first turn's replica and cached tokens")
