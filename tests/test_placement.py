@@ -177,6 +177,27 @@ async def test_a_new_session_waits_where_its_prefix_is_being_computed(start_prox
             await replica.close()
 
 
+async def test_sessions_that_come_together_wait_no_further_than_the_bound(start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 11.5: a session that waits for its prefix counts where it waits: four sessions
+    of one prompt that come while the first is being computed are placed two and two, not all
+    where the first is (the first the others waited for, each counted only once sent)."""
+    two = await replicas(2, Reply(answer().generation, headers_delay=0.3))
+    try:
+        url = await start_proxy(fleet_config(two))
+
+        async def begun(key: str) -> None:
+            body = {"model": "m", "instructions": PRODUCT, "input": f"the task of {key}", "prompt_cache_key": key}
+            assert (await post_json(http, f"{url}/v1/responses", body))[0] == 200
+
+        first = asyncio.create_task(begun("first"))
+        await eventually(lambda: sum(len(replica.requests) for replica in two) == 1, 5)
+        await asyncio.gather(first, *(begun(f"beside {i}") for i in range(3)))
+        assert sorted(len(replica.requests) for replica in two) == [2, 2]
+    finally:
+        for replica in two:
+            await replica.close()
+
+
 async def test_gateway_replicas_share_where_prefixes_were_sent(
     three: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
 ) -> None:

@@ -470,6 +470,8 @@ class UpstreamClient:
                 held = self._computing.held(prefix, sent)
                 loads = self._loads.held(time.monotonic())
                 candidates, matched = place(prefix, held, loads, self._usable(), self.config.load_factor)
+                # Counted where it goes before it waits there: the sessions placed meanwhile see it.
+                self._loads.touch(session.key, candidates[0].url, time.monotonic())
                 if matched:
                     digest = prefix.digests[prefix.ends.index(matched)]
                     await self._computing.wait(digest, candidates[0].url, self.config.timeouts.first_byte)
