@@ -81,20 +81,23 @@ class Dialect(msgspec.Struct, frozen=True):
     then tokenizes that; None: it cannot."""
     tokenize_path: str = "/tokenize"
     """The path `chat` tokenizing posts to."""
-    shares_prefix: Literal["prefilled", "answered"] = "prefilled"
-    """When a prompt's prefix computed for one request can serve another (design.md 11.5):
-    SGLang's and vLLM's caches take it once prefilled (the answer's first byte); a llama-server
-    slot shares nothing while busy, so only once its answer ended."""
+    waits_for_prefix: bool = False
+    """Whether a new session waits for its prefix being computed on its replica for another
+    (design.md 11.5): SGLang's and vLLM's caches share it once prefilled; a llama-server shares
+    a prompt only by handing one slot's cache to the next task, so a session that waited for
+    another's would take that one's history."""
 
 
 DIALECTS = {
     "sglang": Dialect(
-        reasoning_field="reasoning_content", min_top_logprobs=0, tokenizer="chat", tokenize_path="/v1/tokenize"
+        reasoning_field="reasoning_content",
+        min_top_logprobs=0,
+        tokenizer="chat",
+        tokenize_path="/v1/tokenize",
+        waits_for_prefix=True,
     ),
-    "vllm": Dialect(reasoning_field="reasoning", min_top_logprobs=0, tokenizer="chat"),
-    "llama.cpp": Dialect(
-        reasoning_field="reasoning_content", min_top_logprobs=1, tokenizer="template", shares_prefix="answered"
-    ),
+    "vllm": Dialect(reasoning_field="reasoning", min_top_logprobs=0, tokenizer="chat", waits_for_prefix=True),
+    "llama.cpp": Dialect(reasoning_field="reasoning_content", min_top_logprobs=1, tokenizer="template"),
     "generic": Dialect(reasoning_field=None, min_top_logprobs=0),
 }
 

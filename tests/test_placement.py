@@ -150,12 +150,12 @@ async def test_only_sessions_active_within_the_window_count(two: list[FakeUpstre
 
 
 @pytest.mark.parametrize("dialect", ["sglang", "llama.cpp"])
-async def test_a_new_session_waits_where_its_prefix_is_being_computed(start_proxy, http: aiohttp.ClientSession, dialect: str) -> None:
+async def test_a_new_session_goes_where_its_prefix_is_being_computed(start_proxy, http: aiohttp.ClientSession, dialect: str) -> None:
     """design.md 11.5: a replica computing a prompt's prefix for a new session (sent, its
-    answer not begun) holds it for the next session of that prompt, which waits until the
-    replica can share it: SGLang's cache takes it once prefilled (the answer's first byte); a
-    llama-server slot only once the answer ended. Sent at once, the next session went to the
-    other replica, the least loaded, and computed the prefix again there."""
+    answer not begun) holds it for the next session of that prompt, which goes there rather
+    than to the least loaded replica; on SGLang, whose cache shares a prefix once prefilled, it
+    waits for the first's answer to begin. A llama-server shares a prompt only by handing one
+    slot's cache to the next task: there it goes at once, beside the first."""
     released = asyncio.Event()
     two = await replicas(2, Reply(answer().generation, headers_delay=0.5, hold=released), answer())
     try:
@@ -165,8 +165,10 @@ async def test_a_new_session_waits_where_its_prefix_is_being_computed(start_prox
         await eventually(lambda: sum(len(replica.requests) for replica in two) == 1, 5)
         home = next(i for i, replica in enumerate(two) if replica.requests)
         second = asyncio.create_task(session(http, url, two, "second"))
-        await asyncio.sleep(0.8)  # the first's answer began: its headers sent, its events held
-        assert sum(len(replica.requests) for replica in two) == (2 if dialect == "sglang" else 1)
+        await asyncio.sleep(0.25)  # the first still being prefilled
+        assert len(two[home].requests) == (1 if dialect == "sglang" else 2)
+        await asyncio.sleep(0.55)  # its answer began: its headers sent, its events held
+        assert len(two[home].requests) == 2
         released.set()
         assert (await first)[-1]["type"] == "response.completed"
         assert await second == home

@@ -263,7 +263,7 @@ class UpstreamClient:
         self._on_route = on_route or (lambda upstream, outcome: None)
         self._loads = SessionLoads(config.session_window)
         self._computing = Computing()
-        self._shared_once_answered = config.wire().shares_prefix == "answered"
+        self._waits_for_prefix = config.wire().waits_for_prefix
         self._forgetting: set[asyncio.Task[None]] = set()
         # Whether a call's session changes where it goes: else it is not worked out at all.
         self.keyed = self._affinity is not None or bool(config.session_header)
@@ -472,7 +472,7 @@ class UpstreamClient:
                 candidates, matched = place(prefix, held, loads, self._usable(), self.config.load_factor)
                 # Counted where it goes before it waits there: the sessions placed meanwhile see it.
                 self._loads.touch(session.key, candidates[0].url, time.monotonic())
-                if matched:
+                if matched and self._waits_for_prefix:
                     digest = prefix.digests[prefix.ends.index(matched)]
                     await self._computing.wait(digest, candidates[0].url, self.config.timeouts.first_byte)
             else:
@@ -500,8 +500,7 @@ class UpstreamClient:
             else:
                 if session is not None:
                     session.served_by = replica.url
-                    if not self._shared_once_answered:
-                        self._computed(session)
+                    self._computed(session)
                 if affinity is not None and session is not None:
                     # Once a replica answered: a request that reached none moves no session.
                     if replica.url != pinned:
@@ -523,8 +522,8 @@ class UpstreamClient:
         session.computing = (prefix, replica, self._computing.begin(prefix, replica))
 
     def _computed(self, session: Session) -> None:
-        """The replica a new session was sent to can share its prefix (design.md 11.5): once its
-        answer began, or, where the engine shares nothing while busy, once it ended."""
+        """The replica a new session was sent to has computed its prefix (design.md 11.5): its
+        answer began, or the call ended without one."""
         if session.computing is not None:
             self._computing.end(*session.computing)
             session.computing = None

@@ -150,9 +150,9 @@ class SessionLoads:
 
 class Computing:
     """The prefixes being computed (design.md 11.5): each new session's digests on the replica it
-    was sent to, where the index did not say it held them all, until that replica can share
-    them with another request. Another new session of the prompt that goes there waits for it,
-    rather than computing the prefix a second time beside it."""
+    was sent to, where the index did not say it held them all, until its answer begins. They
+    count as held there: another new session of the prompt goes there too, and, where the
+    engine shares a prefix once prefilled, waits for it rather than computing it beside it."""
 
     def __init__(self) -> None:
         self._events: dict[str, dict[str, asyncio.Event]] = {}
