@@ -159,7 +159,7 @@ class Computing:
 
     def held(self, prefix: Prefix, sent: Sequence[Collection[str]]) -> list[set[str]]:
         """The replicas the index says were sent each digest of `prefix` (`sent`, empty when it
-        could not say), with those computing it: a session of the prompt waits for it there."""
+        could not say), with those computing it: a session of the prompt goes there too."""
         return [
             set(self._events.get(digest, ())).union(sent[i] if i < len(sent) else ())
             for i, digest in enumerate(prefix.digests)
@@ -181,7 +181,7 @@ class Computing:
                     del self._events[digest]
 
     async def wait(self, digest: str, replica: str, timeout: float) -> None:
-        """Until `replica` can share `digest`, at most `timeout` seconds."""
+        """Until `replica` has computed `digest` (its answer began), at most `timeout` seconds."""
         done = self._events.get(digest, {}).get(replica)
         if done is not None:
             with contextlib.suppress(TimeoutError):
