@@ -65,7 +65,8 @@ class HealthCheck(_Section, frozen=True):
 
 class Dialect(msgspec.Struct, frozen=True):
     """What differs between the chat servers the proxy speaks to (design.md 6.14), chosen per
-    upstream (`dialect`), each field overridable on the upstream by its own name."""
+    upstream (`dialect`); `reasoning_field` and `min_top_logprobs` overridable on the upstream
+    by their own names."""
 
     reasoning_field: str | None
     """Where a replayed reasoning item goes in the assistant message: SGLang and llama.cpp read

@@ -478,12 +478,12 @@ class UpstreamClient:
             else:
                 candidates = choose(session.key, pinned, self._usable(), self.config.load_factor)
         # The replica the whole of a new session's prefix was sent to computes none of it.
-        cached = candidates[0] if prefix is None or not prefix.ends or matched == prefix.ends[-1] else None
+        holds_all = candidates[0] if prefix is None or not prefix.ends or matched == prefix.ends[-1] else None
         refused: list[str] = []
         for replica in candidates:
             if session is not None and affinity is not None:
                 self._loads.touch(session.key, replica.url, time.monotonic())
-                if prefix is not None and prefix.ends and replica is not cached:
+                if prefix is not None and prefix.ends and replica is not holds_all:
                     self._compute(session, prefix, replica.url)
             replica.outstanding += 1
             try:
