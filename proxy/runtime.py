@@ -143,7 +143,7 @@ class Runtime:
         from .store.redis import RedisBackend  # only where a Redis store is configured (design.md 2.6)
 
         assert isinstance(backend, RedisBackend)
-        return backend.affinity(upstream.name, upstream.affinity_ttl)
+        return backend.affinity(upstream.name, upstream.affinity_ttl, upstream.session_window)
 
 
 def store_system(settings: config_module.Store) -> str | None:

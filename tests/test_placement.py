@@ -209,14 +209,52 @@ async def test_gateway_replicas_share_where_prefixes_were_sent(
     first = await session(http, alone, three, "probe")  # the prompt's own first choice
     port = int(three[first].url.rsplit(":", 1)[1])
     await three[first].close()
-    one = await start_proxy(fleet_config(three, store, eject_seconds=30))
+    one = await start_proxy(fleet_config(three, store, eject_seconds=30, load_factor=10))
     elsewhere = await session(http, one, three, "while its first choice is down")
     assert elsewhere != first
     await three[first].start(port=port)
     three[first].script(answer())
-    other = await start_proxy(fleet_config(three, store))
+    other = await start_proxy(fleet_config(three, store, load_factor=10))  # the bound out of the way
     shared = not store["url"].startswith("sqlite")
     assert await session(http, other, three, "on another gateway") == (elsewhere if shared else first)
+
+
+async def test_gateway_replicas_see_a_prefix_from_when_it_is_sent(start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
+    """design.md 11.5: a new session's prefix is in the index from when it is sent, not once its
+    answer begins (a cold prefix takes seconds): with a Redis store, another gateway replica
+    places the next session of the prompt there for its prefix while the first is computed."""
+    two = await replicas(2, Reply(answer().generation, headers_delay=1.0), answer())
+    try:
+        one = await start_proxy(fleet_config(two, store))
+        other = await start_proxy(fleet_config(two, store))
+        body = {"model": "m", "instructions": PRODUCT, "input": "the first task", "prompt_cache_key": "first"}
+        first = asyncio.create_task(post_json(http, f"{one}/v1/responses", body))
+        await eventually(lambda: sum(len(replica.requests) for replica in two) == 1, 5)
+        home = next(i for i, replica in enumerate(two) if replica.requests)
+        assert await session(http, other, two, "second") == home  # its first choice too, shared or not
+        assert not first.done()
+        shared = not store["url"].startswith("sqlite")
+        metrics = await scrape(http, other)
+        assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="prefix" if shared else "new") == 1
+        assert (await first)[0] == 200
+    finally:
+        for replica in two:
+            await replica.close()
+
+
+async def test_gateway_replicas_count_each_others_sessions(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 11.5: with a Redis store, the sessions each replica holds are counted over every
+    gateway replica: two sessions one placed on a replica send the other's new prompts to the
+    other replica; without, each counts its own, and splits them."""
+    one = await start_proxy(fleet_config(two, store))
+    other = await start_proxy(fleet_config(two, store))
+    home = await session(http, one, two, "first")
+    assert await session(http, one, two, "second") == home
+    placed = [await session(http, other, two, f"of product {i}", f"You are agent {i}. " * 200) for i in range(2)]
+    shared = not store["url"].startswith("sqlite")
+    assert placed == [1 - home] * 2 if shared else sorted(placed) == [0, 1]
 
 
 async def test_a_failing_index_in_redis_costs_a_new_session_little() -> None:
@@ -231,12 +269,12 @@ async def test_a_failing_index_in_redis_costs_a_new_session_little() -> None:
     port = server.sockets[0].getsockname()[1]
     backend = RedisBackend(f"redis://127.0.0.1:{port}/0", "test:", 60, 100, 2.0, 100)
     try:
-        index = backend.affinity("fleet", 60)
-        assert await asyncio.wait_for(index.holders(["a", "b"]), 1) == []
+        index = backend.affinity("fleet", 60, 300)
+        assert await asyncio.wait_for(index.view(["a", "b"], ["http://r1"]), 1) == ([], None)
         asked = len(heard)
         await asyncio.wait_for(index.set("session", "http://r1", ["a", "b"]), 0.05)
         await asyncio.wait_for(index.forget(["a"], "http://r1"), 0.05)
-        assert await asyncio.wait_for(index.holders(["a"]), 0.05) == []
+        assert await asyncio.wait_for(index.view(["a"], ["http://r1"]), 0.05) == ([], None)
         assert len(heard) == asked  # left alone meanwhile
     finally:
         await backend.close()

@@ -234,7 +234,7 @@ async def test_a_session_map_in_a_redis_that_hangs_costs_a_call_little() -> None
     port = server.sockets[0].getsockname()[1]
     backend = RedisBackend(f"redis://127.0.0.1:{port}/0", "test:", 60, 100, 2.0, 100)
     try:
-        affinity = backend.affinity("fleet", 60)
+        affinity = backend.affinity("fleet", 60, 300)
         assert await asyncio.wait_for(affinity.get("agent"), 1) is None  # given up within the bound
         asked = len(heard)
         assert asked > 0

@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from contextvars import ContextVar
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -688,14 +689,15 @@ class RedisBackend:
         if self._sentinel is not None:  # its clients are its own, not the pool's
             await self._sentinel.aclose()
 
-    def affinity(self, upstream: str, ttl: float) -> RedisAffinity:
-        """The session map and prefix index of an upstream, shared by every gateway replica on
-        this server. On a cluster the index's keys share a tag, so that a new session's read of
-        them is one command's round trip (design.md 11.5)."""
+    def affinity(self, upstream: str, ttl: float, window: float) -> RedisAffinity:
+        """The session map, prefix index and sessions held of an upstream, shared by every
+        gateway replica on this server. On a cluster the index's keys and the sessions held
+        share a tag, so that a new session's read of them is one node's round trip (design.md
+        11.5)."""
         wait = min(self._timeout, _ROUTING_WAIT)
         tag = f"{{prefix:{upstream}}}" if self._tagged else upstream
-        prefixes = f"{self._prefix}prefix:{tag}:"
-        return RedisAffinity(self._redis, f"{self._prefix}session:{upstream}:", prefixes, ttl, wait)
+        keys = (f"{self._prefix}session:{upstream}:", f"{self._prefix}prefix:{tag}:", f"{self._prefix}held:{tag}:")
+        return RedisAffinity(self._redis, keys, ttl, window, wait)
 
 
 # Whether this task (and the tasks it made) already holds one of a cluster client's places in
@@ -766,49 +768,69 @@ class _SentinelPool(SentinelConnectionPool, BlockingConnectionPool):
 class RedisAffinity:
     """Session -> replica in Redis, each key living `ttl` seconds after its last use; a prefix's
     digest -> a hash of the replicas it was sent to, each with when, the key living `ttl`
-    seconds after the last (`upstream.affinity.AffinityMap`). A routing decision waits on it
-    for at most `timeout`; past that, or when Redis fails, the session is routed without it,
-    and it is not asked again for `_RETRY` seconds, so that an outage costs each call nothing
-    (design.md 11.3, 11.5)."""
+    seconds after the last; a replica -> the sessions reported there within `window` seconds
+    (`upstream.affinity.AffinityMap`). A routing decision waits on it for at most `timeout`;
+    past that, or when Redis fails, the session is routed without it, and it is not asked
+    again for `_RETRY` seconds, so that an outage costs each call nothing (design.md 11.3,
+    11.5)."""
 
-    def __init__(self, redis: Redis | RedisCluster, prefix: str, prefixes: str, ttl: float, timeout: float) -> None:
+    def __init__(
+        self, redis: Redis | RedisCluster, keys: tuple[str, str, str], ttl: float, window: float, timeout: float
+    ) -> None:
         self._redis = redis
-        self._prefix = prefix
-        self._prefixes = prefixes
+        # Each a key's beginning: a session's (its replica), a digest's (a hash of the replicas
+        # it was sent to, and when), a replica's (a sorted set of its sessions, by when each was
+        # last reported there).
+        self._session, self._prefixes, self._held = keys
         self._ttl = max(1, round(ttl))
+        self._window = window
         self._timeout = timeout
         self._failing = False
         self._asleep_until = 0.0
 
     async def get(self, key: str) -> str | None:
-        found = await self._guarded(lambda: self._redis.getex(self._prefix + key, ex=self._ttl))
+        found = await self._guarded(lambda: self._redis.getex(self._session + key, ex=self._ttl))
         return found.decode() if isinstance(found, bytes) else None
 
-    async def set(self, key: str, replica: str, prefixes: Sequence[str] = ()) -> None:
-        if not prefixes:
-            await self._guarded(lambda: self._redis.set(self._prefix + key, replica, ex=self._ttl))
-            return
-
+    async def set(self, key: str, replica: str, prefixes: Sequence[str] = (), moved_from: str | None = None) -> None:
         async def write() -> None:
+            now = time.time()
+            held = self._held + replica
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.set(self._prefix + key, replica, ex=self._ttl)
+                pipe.set(self._session + key, replica, ex=self._ttl)
                 for prefix in prefixes:
-                    pipe.hset(self._prefixes + prefix, replica, time.time())
+                    pipe.hset(self._prefixes + prefix, replica, now)
                     pipe.expire(self._prefixes + prefix, self._ttl)
+                pipe.zadd(held, {key: now})
+                pipe.zremrangebyscore(held, "-inf", now - self._window)
+                pipe.expire(held, max(1, math.ceil(self._window)))
+                if moved_from is not None and moved_from != replica:
+                    pipe.zrem(self._held + moved_from, key)
+                    for prefix in prefixes:
+                        pipe.hdel(self._prefixes + prefix, moved_from)
                 await pipe.execute()
 
         await self._guarded(write)
 
-    async def holders(self, prefixes: Sequence[str]) -> list[Collection[str]]:
-        async def read() -> list[dict[bytes, bytes]]:
+    async def view(
+        self, prefixes: Sequence[str], replicas: Sequence[str]
+    ) -> tuple[list[Collection[str]], Mapping[str, int] | None]:
+        async def read() -> list[Any]:
+            since = time.time() - self._window
             async with self._redis.pipeline(transaction=False) as pipe:
                 for prefix in prefixes:
                     pipe.hgetall(self._prefixes + prefix)
-                return cast("list[dict[bytes, bytes]]", await pipe.execute())
+                for replica in replicas:
+                    pipe.zcount(self._held + replica, since, "+inf")
+                return await pipe.execute()
 
-        found = await self._guarded(read) or []
+        found = await self._guarded(read)
+        if found is None:
+            return [], None
         since = time.time() - self._ttl
-        return [{replica.decode() for replica, at in sent.items() if float(at) > since} for sent in found]
+        sent: list[dict[bytes, bytes]] = found[: len(prefixes)]
+        holders: list[Collection[str]] = [{url.decode() for url, at in to.items() if float(at) > since} for to in sent]
+        return holders, dict(zip(replicas, found[len(prefixes) :], strict=True))
 
     async def forget(self, prefixes: Sequence[str], replica: str) -> None:
         async def delete() -> None:

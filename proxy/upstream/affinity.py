@@ -14,7 +14,7 @@ import hashlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -25,6 +25,9 @@ if TYPE_CHECKING:
 # How a session's replica was found, for the metrics: the map's, a new session's by its prefix
 # (11.5) or by load alone, another than the map's.
 HIT, PREFIX, NEW, SPILL = "hit", "prefix", "new", "spill"
+# What a new session is placed by: the replicas each of its prefixes was sent to, and the
+# sessions each replica holds where the map keeps that count.
+View = tuple[list[Collection[str]], Mapping[str, int] | None]
 
 
 class Session:
@@ -46,18 +49,21 @@ class Session:
 
 class AffinityMap(Protocol):
     """Session key -> the replica URL that serves it, kept `ttl` seconds after its last use;
-    and a prefix's digest -> the replicas it was sent to within `ttl` (11.5). A map that fails
-    answers as one that knows nothing: routing never waits on it for long, and never fails a
-    request."""
+    a prefix's digest -> the replicas it was sent to within `ttl`; and, where it is shared,
+    the sessions each replica holds (11.5). A map that fails answers as one that knows
+    nothing: routing never waits on it for long, and never fails a request."""
 
     async def get(self, key: str) -> str | None: ...
 
-    async def set(self, key: str, replica: str, prefixes: Sequence[str] = ()) -> None:
-        """The session's replica; and, for a session just placed, that its replica has been
-        sent its prefixes: one write."""
+    async def set(self, key: str, replica: str, prefixes: Sequence[str] = (), moved_from: str | None = None) -> None:
+        """The session's replica, which holds it (`moved_from` no longer does); and, for a
+        session being placed, that its replica is sent its prefixes (rather than `moved_from`,
+        which was to be, and never received them): one write."""
 
-    async def holders(self, prefixes: Sequence[str]) -> list[Collection[str]]:
-        """The replicas each prefix was sent to within `ttl`: one read."""
+    async def view(self, prefixes: Sequence[str], replicas: Sequence[str]) -> View:
+        """The replicas each prefix was sent to within `ttl`, and the sessions each of
+        `replicas` holds (None where the map keeps no count: the process's own is the count):
+        one read."""
 
     async def forget(self, prefixes: Sequence[str], replica: str) -> None:
         """The replica no longer holds the prefixes."""
@@ -82,22 +88,25 @@ class LocalAffinity:
         self._replicas.move_to_end(key)
         return found[0]
 
-    async def set(self, key: str, replica: str, prefixes: Sequence[str] = ()) -> None:
+    async def set(self, key: str, replica: str, prefixes: Sequence[str] = (), moved_from: str | None = None) -> None:
         until = time.monotonic() + self._ttl
         self._replicas[key] = (replica, until)
         self._replicas.move_to_end(key)
         if len(self._replicas) > self._size:
             self._replicas.popitem(last=False)
         for prefix in prefixes:
-            self._prefixes.setdefault(prefix, {})[replica] = until
+            sent = self._prefixes.setdefault(prefix, {})
+            sent[replica] = until
+            if moved_from is not None and moved_from != replica:
+                sent.pop(moved_from, None)
             self._prefixes.move_to_end(prefix)
         while len(self._prefixes) > self._size:
             self._prefixes.popitem(last=False)
 
-    async def holders(self, prefixes: Sequence[str]) -> list[Collection[str]]:
+    async def view(self, prefixes: Sequence[str], replicas: Sequence[str]) -> View:
         now = time.monotonic()
         sent: dict[str, dict[str, float]] = {prefix: self._prefixes.get(prefix, {}) for prefix in prefixes}
-        return [{replica for replica, until in sent[prefix].items() if until > now} for prefix in prefixes]
+        return [{replica for replica, until in sent[prefix].items() if until > now} for prefix in prefixes], None
 
     async def forget(self, prefixes: Sequence[str], replica: str) -> None:
         for prefix in prefixes:

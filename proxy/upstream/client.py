@@ -457,7 +457,7 @@ class UpstreamClient:
         session: Session | None,
     ) -> tuple[aiohttp.ClientResponse, Replica]:
         affinity = self._affinity if session is not None else None
-        prefix, matched = None, 0
+        prefix, matched, claimed = None, 0, None
         if affinity is None or session is None:
             pinned, candidates = None, self._candidates()
         else:
@@ -466,23 +466,28 @@ class UpstreamClient:
             pinned = await affinity.get(session.key) or session.previous
             if pinned is None:
                 prefix = prefix_of(body if isinstance(body, dict) else _chat(data), len(data))
-                sent = await affinity.holders(prefix.digests) if prefix.digests else []
-                held = self._computing.held(prefix, sent)
-                loads = self._loads.held(time.monotonic())
-                candidates, matched = place(prefix, held, loads, self._usable(), self.config.load_factor)
-                # Counted where it goes before it waits there: the sessions placed meanwhile see it.
-                self._loads.touch(session.key, candidates[0].url, time.monotonic())
+                usable = self._usable()
+                sent, shared = await affinity.view(prefix.digests, [replica.url for replica in usable])
+                now = time.monotonic()
+                loads = self._loads.held(now) if shared is None else shared
+                candidates, matched = place(prefix, sent, loads, usable, self.config.load_factor)
+                # Where it is sent from now, before it waits or is sent: the sessions placed
+                # meanwhile, by this process or another, see it there and its prefix sent (11.5).
+                claimed = candidates[0].url
+                self._loads.touch(session.key, claimed, now)
+                await affinity.set(session.key, claimed, prefix.digests)
                 if matched and self._waits_for_prefix:
                     digest = prefix.digests[prefix.ends.index(matched)]
-                    await self._computing.wait(digest, candidates[0].url, self.config.timeouts.first_byte)
+                    await self._computing.wait(digest, claimed, self.config.timeouts.first_byte)
             else:
                 candidates = choose(session.key, pinned, self._usable(), self.config.load_factor)
         # The replica the whole of a new session's prefix was sent to computes none of it.
         holds_all = candidates[0] if prefix is None or not prefix.ends or matched == prefix.ends[-1] else None
         refused: list[str] = []
         for replica in candidates:
+            report = False
             if session is not None and affinity is not None:
-                self._loads.touch(session.key, replica.url, time.monotonic())
+                report = self._loads.touch(session.key, replica.url, time.monotonic())
                 if prefix is not None and prefix.ends and replica is not holds_all:
                     self._compute(session, prefix, replica.url)
             replica.outstanding += 1
@@ -502,10 +507,14 @@ class UpstreamClient:
                     session.served_by = replica.url
                     self._computed(session)
                 if affinity is not None and session is not None:
-                    # Once a replica answered: a request that reached none moves no session.
-                    if replica.url != pinned:
+                    # Once a replica answered: a request that reached none moves no session; one that
+                    # reached another than its placement moves it and its prefix (11.5).
+                    holder = claimed or pinned
+                    moved = replica.url != holder
+                    if moved or report:
                         try:
-                            await affinity.set(session.key, replica.url, prefix.digests if prefix else ())
+                            digests = prefix.digests if prefix and moved else ()
+                            await affinity.set(session.key, replica.url, digests, holder)
                         except BaseException:  # cancelled: the answer is nobody's
                             replica.outstanding -= 1
                             response.close()

@@ -27,6 +27,9 @@ _LEADING_ROLES = ("system", "developer")
 # a copy of its prefix for a balance that costs nothing yet; from 4 a replica the factor is the
 # looser.
 SLACK = 1
+# A session this process routes is reported to a shared count of sessions at least this many
+# times a window, so that it counts there while it is active.
+REPORTS = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,24 +121,29 @@ def stale(prefix: Prefix, matched: int, prompt: int, cached: int) -> list[str]:
 
 
 class SessionLoads:
-    """The sessions each replica holds: those whose last call it served within `window`
-    seconds, at most `size` of them (the least recently active first out)."""
+    """The sessions each replica holds, as this process routes them: those whose last call it
+    served within `window` seconds, at most `size` of them (the least recently active first
+    out); and when it last reported each to a shared count (design.md 11.5)."""
 
     def __init__(self, window: float, size: int = 100_000) -> None:
         self._window = window
         self._size = size
-        self._last: OrderedDict[str, tuple[str, float]] = OrderedDict()
+        self._last: OrderedDict[str, tuple[str, float, float]] = OrderedDict()
         self._held: Counter[str] = Counter()
 
-    def touch(self, session: str, replica: str, now: float) -> None:
-        """A call of `session` served by `replica` at `now`."""
+    def touch(self, session: str, replica: str, now: float) -> bool:
+        """A call of `session` served by `replica` at `now`; whether a shared count should hear
+        of it: a session new to this process, moved, or last reported a REPORTS-th of the
+        window ago (its count there would soon lapse)."""
         before = self._last.pop(session, None)
+        report = before is None or before[0] != replica or before[2] <= now - self._window / REPORTS
         if before is not None:
             self._held[before[0]] -= 1
-        self._last[session] = (replica, now)
+        self._last[session] = (replica, now, now if report or before is None else before[2])
         self._held[replica] += 1
         if len(self._last) > self._size:
             self._drop()
+        return report
 
     def held(self, now: float) -> Mapping[str, int]:
         """Sessions by replica, as of `now`."""
@@ -144,26 +152,18 @@ class SessionLoads:
         return self._held
 
     def _drop(self) -> None:
-        _, (replica, _) = self._last.popitem(last=False)
+        _, (replica, _, _) = self._last.popitem(last=False)
         self._held[replica] -= 1
 
 
 class Computing:
     """The prefixes being computed (design.md 11.5): each new session's digests on the replica it
-    was sent to, where the index did not say it held them all, until its answer begins. They
-    count as held there: another new session of the prompt goes there too, and, where the
-    engine shares a prefix once prefilled, waits for it rather than computing it beside it."""
+    was sent to, where the index did not say it held them all, until its answer begins; where
+    the engine shares a prefix once prefilled, another new session of the prompt placed there
+    waits for it rather than computing it beside it."""
 
     def __init__(self) -> None:
         self._events: dict[str, dict[str, asyncio.Event]] = {}
-
-    def held(self, prefix: Prefix, sent: Sequence[Collection[str]]) -> list[set[str]]:
-        """The replicas the index says were sent each digest of `prefix` (`sent`, empty when it
-        could not say), with those computing it: a session of the prompt goes there too."""
-        return [
-            set(self._events.get(digest, ())).union(sent[i] if i < len(sent) else ())
-            for i, digest in enumerate(prefix.digests)
-        ]
 
     def begin(self, prefix: Prefix, replica: str) -> asyncio.Event:
         done = asyncio.Event()
