@@ -23,6 +23,7 @@ import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
+from functools import partial
 from typing import Any, TypeVar
 
 import aiohttp
@@ -158,11 +159,18 @@ class Exchange:
         "_deadline",
         "_waiting_since",
         "_timer",
+        "_began",
     )
 
     def __init__(
-        self, response: aiohttp.ClientResponse, config: Upstream, failures: _Failures, deadline: float | None
+        self,
+        response: aiohttp.ClientResponse,
+        config: Upstream,
+        failures: _Failures,
+        deadline: float | None,
+        began: Callable[[], None] | None = None,
     ) -> None:
+        """`began`: called once the body's first bytes came (a prefill done, 11.5)."""
         self.response = response
         self._content = response.content
         # Looked up once: on Python 3.11 every get_running_loop() is a getpid() system call.
@@ -173,6 +181,7 @@ class Exchange:
         self._deadline = deadline
         self._waiting_since: float | None = None
         self._timer: asyncio.TimerHandle | None = None
+        self._began = began
 
     async def read_body(self) -> bytes:
         """A whole non-streaming body, within `max_answer_bytes` (design.md 6.11): generated
@@ -189,11 +198,15 @@ class Exchange:
         if self._timer is None:
             self._arm(self._waiting_since)
         try:
-            return await self._content.readany()
+            data = await self._content.readany()
         except aiohttp.ClientError as exc:
             raise self._failures.connection(exc) from exc
         finally:
             self._waiting_since = None
+        if self._began is not None:
+            self._began()
+            self._began = None
+        return data
 
     async def drain(self) -> None:
         """Read what follows the end of a stream (SGLang sends finish and usage chunks even
@@ -369,7 +382,8 @@ class UpstreamClient:
                 encoding = response.headers.get(hdrs.CONTENT_ENCODING, "identity")
                 if not relayed and encoding.lower() != "identity":
                     raise self._failures.encoded(encoding)
-                exchange = Exchange(response, self.config, self._failures, deadline)
+                began = None if session is None or session.computing is None else partial(self._computed, session)
+                exchange = Exchange(response, self.config, self._failures, deadline, began)
                 self._exchanges.add(exchange)
                 try:
                     yield exchange
@@ -488,7 +502,7 @@ class UpstreamClient:
             report = False
             if session is not None and affinity is not None:
                 report = self._loads.touch(session.key, replica.url, time.monotonic())
-                if prefix is not None and prefix.ends and replica is not holds_all:
+                if self._waits_for_prefix and prefix is not None and prefix.ends and replica is not holds_all:
                     self._compute(session, prefix, replica.url)
             replica.outstanding += 1
             try:
@@ -505,7 +519,6 @@ class UpstreamClient:
             else:
                 if session is not None:
                     session.served_by = replica.url
-                    self._computed(session)
                 if affinity is not None and session is not None:
                     # Once a replica answered: a request that reached none moves no session; one that
                     # reached another than its placement moves it and its prefix (11.5).
@@ -532,7 +545,8 @@ class UpstreamClient:
 
     def _computed(self, session: Session) -> None:
         """The replica a new session was sent to has computed its prefix (design.md 11.5): its
-        answer began, or the call ended without one."""
+        answer's first bytes came (SGLang and vLLM send the headers before the prefill, the
+        first token after it), or the call ended without them."""
         if session.computing is not None:
             self._computing.end(*session.computing)
             session.computing = None
