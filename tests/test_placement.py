@@ -295,6 +295,42 @@ async def test_a_replica_found_without_the_prefix_is_forgotten_for_it(
     assert await session(http, url, two, "after the eviction") != home
 
 
+async def test_an_upstream_that_counts_no_cached_tokens_teaches_nothing(two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession) -> None:
+    """design.md 11.5: an answer whose usage counts no cached tokens at all (SGLang without
+    `--enable-cache-report`, vLLM without `--enable-prompt-tokens-details`) says nothing of
+    what its replica held: the prefix stays in the index."""
+    for replica in two:  # after the first answer
+        replica.script(answer(cached=0))  # as SGLang sends it without its cache report
+    url = await start_proxy(fleet_config(two, load_factor=10))
+    home = await session(http, url, two, "first")
+    for key in ("counted nothing", "nor this one"):
+        assert await session(http, url, two, key) == home
+        await asyncio.sleep(0.1)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_a_relayed_chat_call_teaches_the_index_too(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, stream: bool
+) -> None:
+    """design.md 11.5: a relayed chat call placed for its prefix is read for its usage as its
+    bytes pass (a whole body, or a stream's usage chunk): found evicted, its prefix is
+    forgotten on its replica, as a translated call's is."""
+    for replica in two:  # after the first answer
+        replica.script(answer(cached=100))
+    url = await start_proxy(fleet_config(two, load_factor=10))
+    home = await session(http, url, two, "first")
+    messages = [{"role": "system", "content": PRODUCT}, {"role": "user", "content": "a relayed task"}]
+    body: dict[str, Any] = {"model": "m", "messages": messages, "prompt_cache_key": "relayed", "stream": stream}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    async with http.post(f"{url}/v1/chat/completions", json=body) as response:
+        assert response.status == 200
+        relayed = await response.read()
+    assert b"cached_tokens" in relayed and len(two[home].requests) == 2  # placed for its prefix, found it evicted
+    await asyncio.sleep(0.1)
+    assert await session(http, url, two, "after the eviction") != home
+
+
 async def test_a_background_run_teaches_the_index_too(
     two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
 ) -> None:

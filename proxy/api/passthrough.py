@@ -7,6 +7,7 @@ from aiohttp import hdrs, web
 from ..appkeys import RUNTIME
 from ..errors import InvalidRequest
 from ..responses.body import load_json
+from ..responses.chat import RelayedUsage
 from ..responses.plan import cache_salt
 from ..responses.session import chat_session, from_headers
 from ..upstream.affinity import Session
@@ -41,6 +42,10 @@ async def forward(request: web.Request) -> web.StreamResponse:
             headers[hdrs.CONTENT_ENCODING] = upstream.headers[hdrs.CONTENT_ENCODING]
         response = web.StreamResponse(status=upstream.status, headers=headers)
         await response.prepare(request)
+        # A session placed for its prefix: its usage says whether its replica held it (11.5).
+        placed = session is not None and session.placed is not None and hdrs.CONTENT_ENCODING not in upstream.headers
+        streamed = headers["Content-Type"].startswith("text/event-stream")
+        usage = RelayedUsage(streamed, target.upstream.max_answer_bytes) if placed else None
         # A client that stops reading is let go as on /v1/responses (design.md 4.12); nothing is
         # added to bytes relayed as they came, keep-alives included.
         watch = ClientWatch(request, response, None, exchange.timeouts.client_idle, exchange.deadline)
@@ -48,7 +53,11 @@ async def forward(request: web.Request) -> web.StreamResponse:
             with cut_short_on_failure(request):
                 while data := await exchange.read_chunk():
                     await watch.write(data)
+                    if usage is not None:
+                        usage.feed(data)
                 await watch.write(b"", last=True)
         finally:
             watch.stop()
+    if usage is not None and session is not None:
+        client.answered(session, usage.usage())
     return response

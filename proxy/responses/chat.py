@@ -15,6 +15,7 @@ import msgspec
 import orjson
 
 from ..errors import ContextLengthExceeded, ProxyError, rejected_by_upstream
+from .sse import SSEDecoder
 
 _MAX_ERROR_TEXT = 1000
 # llama.cpp's refusal of scores with tools on a streamed request (design.md 6.13).
@@ -117,6 +118,41 @@ def usage_of(chunk: Chunk) -> Usage | None:
     if details is not None and details.cached_tokens is not None:
         return usage
     return msgspec.structs.replace(usage, prompt_tokens_details=PromptTokensDetails(cached_tokens=timings.cache_n))
+
+
+class RelayedUsage:
+    """The usage of a chat answer relayed as it came, read as its bytes pass (design.md 11.5):
+    a stream's last chunk that carries one, or a whole body up to `limit` bytes (past it,
+    none). Only a call whose usage places the next sessions is read so."""
+
+    def __init__(self, streamed: bool, limit: int) -> None:
+        self._events = SSEDecoder() if streamed else None
+        self._body: list[bytes] = []
+        self._left = limit
+        self._usage: Usage | None = None
+
+    def feed(self, data: bytes) -> None:
+        if self._events is None:
+            self._left -= len(data)
+            if self._left >= 0:
+                self._body.append(data)
+            return
+        for payload in self._events.feed(data):
+            if b'"usage"' in payload:
+                self._take(payload)
+
+    def usage(self) -> Usage | None:
+        if self._events is None and self._left >= 0:
+            self._take(b"".join(self._body))
+        return self._usage
+
+    def _take(self, payload: bytes) -> None:
+        try:
+            usage = usage_of(decode_chunk(payload))
+        except msgspec.DecodeError:  # not a chat answer's: nothing learnt
+            return
+        if usage is not None:
+            self._usage = usage
 
 
 class ChunkShape:

@@ -115,6 +115,9 @@ class ResponseTranslator:
         self._shape: ChunkShape | None = None  # of the last chunk that held one text and nothing else
         self._finish_reason: str | None = None
         self._usage: Usage | None = None
+        # The usage of the response's first upstream call: the one a new session was placed
+        # for, whose cached tokens say whether its replica held its prefix (11.5).
+        self.first_usage: Usage | None = None
         self._max_event = max_event
         self._spent: dict[str, Any] | None = None  # the usage of the rounds before this one
         self._limit: int | None = call.echo["max_output_tokens"]  # this round's output tokens
@@ -302,6 +305,8 @@ class ResponseTranslator:
             self.answer_id, self.answer_model = chunk.id, chunk.model
         if chunk.usage is not None:
             self._usage = usage_of(chunk)
+            if self._spent is None:
+                self.first_usage = self._usage
         for choice in chunk.choices or ():
             if choice.index != 0:
                 continue

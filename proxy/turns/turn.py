@@ -185,10 +185,7 @@ class Turn:
         response = translator.response
         if response is not None and self.asks is not Asks.NOTHING:  # no upstream call, no tokens
             if self.session is not None:  # what its replica had cached places the next sessions (11.5)
-                usage = response["usage"]
-                self.upstream.answered(
-                    self.session, usage["input_tokens"], usage["input_tokens_details"]["cached_tokens"]
-                )
+                self.upstream.answered(self.session, translator.first_usage)
             if foreground:
                 self._count(response, out.first_chunk)
         return out.made if self.asks is Asks.COMPACTION else response

@@ -39,7 +39,7 @@ from ..errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
-from ..responses.chat import upstream_error
+from ..responses.chat import Usage, upstream_error
 from .affinity import HIT, NEW, PREFIX, SPILL, AffinityMap, Session, choose, salt_of
 from .placement import Computing, Prefix, SessionLoads, place, prefix_of, stale
 
@@ -551,14 +551,18 @@ class UpstreamClient:
             self._computing.end(*session.computing)
             session.computing = None
 
-    def answered(self, session: Session, prompt: int, cached: int) -> None:
-        """A call's usage (design.md 11.5): the replica a new session was placed on for its
-        prefix, found holding far less of it, no longer holds it in the index."""
+    def answered(self, session: Session, usage: Usage | None) -> None:
+        """The usage of a session's first call (design.md 11.5): the replica a new session was
+        placed on for its prefix, found holding far less of it, no longer holds it in the index.
+        An upstream that counts no cached tokens (vLLM without `--enable-prompt-tokens-details`,
+        SGLang without `--enable-cache-report`) teaches nothing."""
         placed, session.placed = session.placed, None
-        if placed is None or self._affinity is None:
+        details = usage.prompt_tokens_details if usage is not None else None
+        cached = details.cached_tokens if details is not None else None
+        if placed is None or self._affinity is None or usage is None or cached is None:
             return
         prefix, matched, replica = placed
-        gone = stale(prefix, matched, prompt, cached)
+        gone = stale(prefix, matched, usage.prompt_tokens or 0, cached)
         if gone:
             task = asyncio.create_task(self._affinity.forget(gone, replica))
             self._forgetting.add(task)

@@ -1,13 +1,17 @@
 """A new session's replica (design.md 11.5) without a socket: the digests of a chat request's
-leading part, the choice among the replicas, what a usage says a replica forgot, the sessions
-each replica holds."""
+leading part, the choice among the replicas, what a usage says a replica forgot (a relayed
+answer's usage read as it passes), the sessions each replica holds."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from pathlib import Path
 from typing import Any
 
+import orjson
+
+from proxy.responses.chat import RelayedUsage
 from proxy.upstream.affinity import ranked, salt_of
 from proxy.upstream.placement import BLOCK, DIGESTS, Computing, Prefix, SessionLoads, place, prefix_of, stale
 
@@ -193,3 +197,41 @@ async def test_a_wait_for_a_prefix_being_computed_ends_when_it_can_be_shared() -
     await computing.wait(PREFIX.digests[0], r1, 0.05)  # at its bound
     assert 0.04 < time.monotonic() - started < 1 and not late.is_set()
     await computing.wait(PREFIX.digests[0], r0, 5)  # nothing computing there: at once
+
+
+RECORDED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "recorded"
+
+
+def frame(payload: dict[str, Any]) -> bytes:
+    return b"data: " + orjson.dumps(payload) + b"\n\n"
+
+
+def relayed(answer: bytes, streamed: bool, splits: list[int], limit: int = 1 << 20) -> Any:
+    reader = RelayedUsage(streamed, limit)
+    for start, end in zip([0, *splits], [*splits, len(answer)], strict=True):
+        reader.feed(answer[start:end])
+    return reader.usage()
+
+
+def test_a_relayed_answer_is_read_for_its_usage_however_it_comes() -> None:
+    """design.md 11.5: the usage of a relayed answer, from a stream's usage chunk (SGLang's and
+    vLLM's cached tokens, llama.cpp's `timings.cache_n`) or a whole body, read over any split
+    of its bytes; a body past the limit, or a stream without one, says nothing."""
+    text = {"choices": [{"index": 0, "delta": {"content": 'ok "usage"'}}]}
+    sglang = {"choices": [], "usage": {"prompt_tokens": 3000, "completion_tokens": 2, "prompt_tokens_details": {"cached_tokens": 2900}}}
+    llama = {"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}], "usage": {"prompt_tokens": 3000, "completion_tokens": 2}, "timings": {"cache_n": 100}}
+    for last, cached in ((sglang, 2900), (llama, 100)):
+        stream = frame(text) + frame(last) + b"data: [DONE]\n\n"
+        for split in range(len(stream) + 1):
+            usage = relayed(stream, True, [split])
+            assert usage.prompt_tokens == 3000 and usage.prompt_tokens_details.cached_tokens == cached
+    assert relayed(stream, True, list(range(1, len(stream)))).prompt_tokens_details.cached_tokens == 100  # a byte a read
+    recorded = (RECORDED / "thinking-tool.sse").read_bytes()  # a usage without cached tokens
+    usage = relayed(recorded, True, [len(recorded) // 3])
+    assert usage.prompt_tokens == 30 and usage.prompt_tokens_details is None
+    assert relayed(frame(text) + b"data: [DONE]\n\n", True, []) is None
+    body = orjson.dumps({"choices": [{"index": 0, "message": {"content": "ok"}}], "usage": sglang["usage"]})
+    assert relayed(body, False, [5, 40]).prompt_tokens_details.cached_tokens == 2900
+    assert relayed(body, False, [5, 40], limit=len(body)).prompt_tokens_details.cached_tokens == 2900
+    assert relayed(body, False, [5, 40], limit=len(body) - 1) is None
+    assert relayed(b"<html>a proxy's error page</html>", False, []) is None
