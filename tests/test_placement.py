@@ -18,6 +18,7 @@ from tests.client import eventually, post_json
 from tests.client import stream as streamed
 from tests.fake_upstream import FakeUpstream, Generation, Reply, Step
 from tests.harness import sample, scrape
+from tests.redis_server import RedisServer
 
 PRODUCT = "You are the review agent of a code forge. Read the diff, then the tests. " * 150  # ~11 KB
 OTHER = "You are the release agent: write the changelog from the merged pull requests. " * 150
@@ -253,6 +254,43 @@ async def test_gateway_replicas_count_each_others_sessions(
     placed = [await session(http, other, two, f"of product {i}", f"You are agent {i}. " * 200) for i in range(2)]
     shared = not store["url"].startswith("sqlite")
     assert placed == [1 - home] * 2 if shared else sorted(placed) == [0, 1]
+
+
+async def test_a_new_session_costs_one_store_round_trip_more_than_a_known_one(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, redis_server: RedisServer
+) -> None:
+    """design.md 11.5: with a Redis store, a known session's call reads the map (one round
+    trip); a new session's reads the map, then the index and the sessions held (one), then
+    writes where it went (one): one more than the map's read and write it took before. Counted
+    as the proxy's writes to Redis, each a command or a pipeline, through a relay."""
+    writes = 0
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        upstream_reader, upstream_writer = await asyncio.open_connection("127.0.0.1", redis_server.port)
+
+        async def pipe(source: asyncio.StreamReader, sink: asyncio.StreamWriter, counted: bool) -> None:
+            nonlocal writes
+            while data := await source.read(65536):
+                writes += counted
+                sink.write(data)
+            sink.close()
+
+        await asyncio.gather(pipe(reader, upstream_writer, True), pipe(upstream_reader, writer, False))
+
+    server = await asyncio.start_server(relay, "127.0.0.1", 0)
+    store = {"url": f"redis://127.0.0.1:{server.sockets[0].getsockname()[1]}/0", "prefix": "round-trips:"}
+    try:
+        url = await start_proxy(fleet_config(two, store))
+        await session(http, url, two, "the connection opened", OTHER, store=False)
+        before = writes
+        await session(http, url, two, "new", OTHER, store=False)
+        new = writes - before
+        before = writes
+        body = {"model": "m", "instructions": OTHER, "input": "a later turn", "prompt_cache_key": "new", "store": False}
+        assert (await post_json(http, f"{url}/v1/responses", body))[0] == 200
+        assert (new, writes - before) == (3, 1)
+    finally:
+        server.close()
 
 
 async def test_a_failing_index_in_redis_costs_a_new_session_little() -> None:
