@@ -22,6 +22,9 @@ from tests.redis_server import RedisServer
 
 PRODUCT = "You are the review agent of a code forge. Read the diff, then the tests. " * 150  # ~11 KB
 OTHER = "You are the release agent: write the changelog from the merged pull requests. " * 150
+# `timeouts.first_byte` where a test waits it out: a prefix sent longer ago has been computed,
+# so that a miss on it is an eviction (design.md 11.5).
+PREFILLED = 1.0
 
 
 def answer(cached: int = 2900) -> Reply:
@@ -218,6 +221,23 @@ async def test_gateway_replicas_share_where_prefixes_were_sent(
     assert await session(http, other, three, "on another gateway") == (elsewhere if shared else first)
 
 
+async def test_a_session_that_moves_takes_back_only_what_it_claimed(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 11.5: a new session placed for its prefix on a replica that then refuses it
+    goes to the next, and takes back there only what it claimed past its match: what another
+    session sent the first stays (the prefix it may still hold once back)."""
+    url = await start_proxy(fleet_config(two, store, load_factor=10, eject_seconds=0.5))
+    home = await session(http, url, two, "first")
+    port = int(two[home].url.rsplit(":", 1)[1])
+    await two[home].close()
+    assert await session(http, url, two, "refused there") != home
+    await two[home].start(port=port)
+    two[home].script(answer())
+    await asyncio.sleep(0.6)  # past its ejection
+    assert await session(http, url, two, "once it is back") == home
+
+
 async def test_gateway_replicas_see_a_prefix_from_when_it_is_sent(start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]) -> None:
     """design.md 11.5: a new session's prefix is in the index from when it is sent, not once its
     answer begins (a cold prefix takes seconds): with a Redis store, another gateway replica
@@ -322,12 +342,19 @@ async def test_a_replica_found_without_the_prefix_is_forgotten_for_it(
 ) -> None:
     """design.md 11.5: a session placed for its prefix whose answer found far fewer tokens
     cached than it matched tells the proxy its replica evicted it: the next session goes by
-    load; one that found it keeps it there. (A loose bound, so that only the index decides.)"""
+    load; one that found it keeps it there; and one that missed a prefix sent within
+    `timeouts.first_byte`, which may still be being prefilled for the session before it, says
+    nothing. (A loose bound, so that only the index decides.)"""
     for replica in two:  # after the first answer
         replica.script(answer(cached=2900), answer(cached=100))
-    url = await start_proxy(fleet_config(two, store, load_factor=10))
+    url = await start_proxy(fleet_config(two, store, load_factor=10, timeouts={"first_byte": PREFILLED}))
     home = await session(http, url, two, "first")
+    await asyncio.sleep(PREFILLED)
     assert await session(http, url, two, "found it cached") == home
+    assert await session(http, url, two, "missed it just after it was sent") == home
+    await asyncio.sleep(0.1)
+    assert await session(http, url, two, "still there") == home
+    await asyncio.sleep(PREFILLED)
     assert await session(http, url, two, "found it evicted") == home
     await asyncio.sleep(0.1)  # the index is told after the answer, without delaying it
     assert await session(http, url, two, "after the eviction") != home
@@ -339,11 +366,11 @@ async def test_an_upstream_that_counts_no_cached_tokens_teaches_nothing(two: lis
     what its replica held: the prefix stays in the index."""
     for replica in two:  # after the first answer
         replica.script(answer(cached=0))  # as SGLang sends it without its cache report
-    url = await start_proxy(fleet_config(two, load_factor=10))
+    url = await start_proxy(fleet_config(two, load_factor=10, timeouts={"first_byte": PREFILLED}))
     home = await session(http, url, two, "first")
     for key in ("counted nothing", "nor this one"):
+        await asyncio.sleep(PREFILLED)
         assert await session(http, url, two, key) == home
-        await asyncio.sleep(0.1)
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -355,8 +382,9 @@ async def test_a_relayed_chat_call_teaches_the_index_too(
     forgotten on its replica, as a translated call's is."""
     for replica in two:  # after the first answer
         replica.script(answer(cached=100))
-    url = await start_proxy(fleet_config(two, load_factor=10))
+    url = await start_proxy(fleet_config(two, load_factor=10, timeouts={"first_byte": PREFILLED}))
     home = await session(http, url, two, "first")
+    await asyncio.sleep(PREFILLED)
     messages = [{"role": "system", "content": PRODUCT}, {"role": "user", "content": "a relayed task"}]
     body: dict[str, Any] = {"model": "m", "messages": messages, "prompt_cache_key": "relayed", "stream": stream}
     if stream:
@@ -376,8 +404,9 @@ async def test_a_background_run_teaches_the_index_too(
     but what its replica had cached places the next sessions as a foreground call's does."""
     for replica in two:  # after the first answer
         replica.script(answer(cached=100))
-    url = await start_proxy(fleet_config(two, store, load_factor=10))
+    url = await start_proxy(fleet_config(two, store, load_factor=10, timeouts={"first_byte": PREFILLED}))
     home = await session(http, url, two, "first")
+    await asyncio.sleep(PREFILLED)
     body = {"model": "m", "instructions": PRODUCT, "input": "the task", "prompt_cache_key": "in the background", "background": True}
     status, queued = await post_json(http, f"{url}/v1/responses", body)
     assert status == 200, queued

@@ -138,7 +138,7 @@ class RelayedUsage:
                 self._body.append(data)
             return
         for payload in self._events.feed(data):
-            if b'"usage"' in payload:
+            if b'"usage"' in payload and b'"usage":null' not in payload:  # SGLang's every chunk has one
                 self._take(payload)
 
     def usage(self) -> Usage | None:

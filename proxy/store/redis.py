@@ -13,7 +13,7 @@ import contextlib
 import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from contextvars import ContextVar
 from functools import partial
 from typing import Any, TypeVar, cast
@@ -806,15 +806,13 @@ class RedisAffinity:
                 pipe.expire(held, max(1, math.ceil(self._window)))
                 if moved_from is not None and moved_from != replica:
                     pipe.zrem(self._held + moved_from, key)
-                    for prefix in prefixes:
-                        pipe.hdel(self._prefixes + prefix, moved_from)
                 await pipe.execute()
 
         await self._guarded(write)
 
     async def view(
         self, prefixes: Sequence[str], replicas: Sequence[str]
-    ) -> tuple[list[Collection[str]], Mapping[str, int] | None]:
+    ) -> tuple[list[Mapping[str, float]], Mapping[str, int] | None]:
         async def read() -> list[Any]:
             since = time.time() - self._window
             async with self._redis.pipeline(transaction=False) as pipe:
@@ -827,10 +825,12 @@ class RedisAffinity:
         found = await self._guarded(read)
         if found is None:
             return [], None
-        since = time.time() - self._ttl
+        now = time.time()
         sent: list[dict[bytes, bytes]] = found[: len(prefixes)]
-        holders: list[Collection[str]] = [{url.decode() for url, at in to.items() if float(at) > since} for to in sent]
-        return holders, dict(zip(replicas, found[len(prefixes) :], strict=True))
+        ages: list[Mapping[str, float]] = [
+            {url.decode(): now - float(at) for url, at in to.items() if float(at) > now - self._ttl} for to in sent
+        ]
+        return ages, dict(zip(replicas, found[len(prefixes) :], strict=True))
 
     async def forget(self, prefixes: Sequence[str], replica: str) -> None:
         async def delete() -> None:

@@ -14,7 +14,7 @@ import hashlib
 import math
 import time
 from collections import OrderedDict
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Protocol, TypeVar
 
 if TYPE_CHECKING:
@@ -25,9 +25,9 @@ if TYPE_CHECKING:
 # How a session's replica was found, for the metrics: the map's, a new session's by its prefix
 # (11.5) or by load alone, another than the map's.
 HIT, PREFIX, NEW, SPILL = "hit", "prefix", "new", "spill"
-# What a new session is placed by: the replicas each of its prefixes was sent to, and the
-# sessions each replica holds where the map keeps that count.
-View = tuple[list[Collection[str]], Mapping[str, int] | None]
+# What a new session is placed by: the replicas each of its prefixes was sent to, with the
+# seconds since, and the sessions each replica holds where the map keeps that count.
+View = tuple[list[Mapping[str, float]], Mapping[str, int] | None]
 
 
 class Session:
@@ -44,7 +44,7 @@ class Session:
         self.previous = previous
         self.served_by: str | None = None
         self.placed: tuple[Prefix, int, str] | None = None
-        self.computing: tuple[Prefix, str, asyncio.Event] | None = None
+        self.computing: tuple[Sequence[str], str, asyncio.Event] | None = None
 
 
 class AffinityMap(Protocol):
@@ -57,13 +57,12 @@ class AffinityMap(Protocol):
 
     async def set(self, key: str, replica: str, prefixes: Sequence[str] = (), moved_from: str | None = None) -> None:
         """The session's replica, which holds it (`moved_from` no longer does); and, for a
-        session being placed, that its replica is sent its prefixes (rather than `moved_from`,
-        which was to be, and never received them): one write."""
+        session being placed, that its replica is sent its prefixes: one write."""
 
     async def view(self, prefixes: Sequence[str], replicas: Sequence[str]) -> View:
-        """The replicas each prefix was sent to within `ttl`, and the sessions each of
-        `replicas` holds (None where the map keeps no count: the process's own is the count):
-        one read."""
+        """The replicas each prefix was sent to within `ttl`, each with the seconds since, and
+        the sessions each of `replicas` holds (None where the map keeps no count: the process's
+        own is the count): one read."""
 
     async def forget(self, prefixes: Sequence[str], replica: str) -> None:
         """The replica no longer holds the prefixes."""
@@ -95,10 +94,7 @@ class LocalAffinity:
         if len(self._replicas) > self._size:
             self._replicas.popitem(last=False)
         for prefix in prefixes:
-            sent = self._prefixes.setdefault(prefix, {})
-            sent[replica] = until
-            if moved_from is not None and moved_from != replica:
-                sent.pop(moved_from, None)
+            self._prefixes.setdefault(prefix, {})[replica] = until
             self._prefixes.move_to_end(prefix)
         while len(self._prefixes) > self._size:
             self._prefixes.popitem(last=False)
@@ -106,7 +102,11 @@ class LocalAffinity:
     async def view(self, prefixes: Sequence[str], replicas: Sequence[str]) -> View:
         now = time.monotonic()
         sent: dict[str, dict[str, float]] = {prefix: self._prefixes.get(prefix, {}) for prefix in prefixes}
-        return [{replica for replica, until in sent[prefix].items() if until > now} for prefix in prefixes], None
+        ages: list[Mapping[str, float]] = [
+            {replica: self._ttl - (until - now) for replica, until in sent[prefix].items() if until > now}
+            for prefix in prefixes
+        ]
+        return ages, None
 
     async def forget(self, prefixes: Sequence[str], replica: str) -> None:
         for prefix in prefixes:

@@ -20,7 +20,7 @@ import asyncio
 import itertools
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from contextvars import ContextVar
 from functools import partial
@@ -471,7 +471,7 @@ class UpstreamClient:
         session: Session | None,
     ) -> tuple[aiohttp.ClientResponse, Replica]:
         affinity = self._affinity if session is not None else None
-        prefix, matched, claimed = None, 0, None
+        prefix, matched, claimed, settled = None, 0, None, False
         if affinity is None or session is None:
             pinned, candidates = None, self._candidates()
         else:
@@ -480,30 +480,17 @@ class UpstreamClient:
             pinned = await affinity.get(session.key) or session.previous
             if pinned is None:
                 prefix = prefix_of(body if isinstance(body, dict) else _chat(data), len(data))
-                usable = self._usable()
-                sent, shared = await affinity.view(prefix.digests, [replica.url for replica in usable])
-                now = time.monotonic()
-                loads = self._loads.held(now) if shared is None else shared
-                candidates, matched = place(prefix, sent, loads, usable, self.config.load_factor)
-                # Where it is sent from now, before it waits or is sent: the sessions placed
-                # meanwhile, by this process or another, see it there and its prefix sent (11.5).
+                candidates, matched, settled = await self._place(session, prefix, affinity)
                 claimed = candidates[0].url
-                self._loads.touch(session.key, claimed, now)
-                await affinity.set(session.key, claimed, prefix.digests)
-                if matched and self._waits_for_prefix:
-                    digest = prefix.digests[prefix.ends.index(matched)]
-                    await self._computing.wait(digest, claimed, self.config.timeouts.first_byte)
             else:
                 candidates = choose(session.key, pinned, self._usable(), self.config.load_factor)
-        # The replica the whole of a new session's prefix was sent to computes none of it.
-        holds_all = candidates[0] if prefix is None or not prefix.ends or matched == prefix.ends[-1] else None
         refused: list[str] = []
         for replica in candidates:
             report = False
             if session is not None and affinity is not None:
                 report = self._loads.touch(session.key, replica.url, time.monotonic())
-                if self._waits_for_prefix and prefix is not None and prefix.ends and replica is not holds_all:
-                    self._compute(session, prefix, replica.url)
+                if prefix is not None and replica is not candidates[0]:  # it computes all of it
+                    self._compute(session, prefix.digests, replica.url)
             replica.outstanding += 1
             try:
                 response = await self._failures.guard(
@@ -532,16 +519,47 @@ class UpstreamClient:
                             replica.outstanding -= 1
                             response.close()
                             raise
+                    if prefix is not None and claimed is not None and moved:  # never sent what it claimed there
+                        self._forget(prefix.past(matched), claimed)
                     outcome = HIT if replica.url == pinned else NEW if pinned is None else SPILL
-                    if prefix is not None and matched and replica is candidates[0]:
-                        session.placed, outcome = (prefix, matched, replica.url), PREFIX
+                    if prefix is not None and matched and not moved:
+                        outcome = PREFIX
+                        session.placed = (prefix, matched, replica.url) if settled else None
                     self._on_route(self.config.name, outcome)
                 return response, replica
         raise UpstreamNotReached(f"upstream {self.config.name} unreachable: {'; '.join(refused)}")
 
-    def _compute(self, session: Session, prefix: Prefix, replica: str) -> None:
-        self._computed(session)  # a replica tried before, which never received it
-        session.computing = (prefix, replica, self._computing.begin(prefix, replica))
+    async def _place(self, session: Session, prefix: Prefix, affinity: AffinityMap) -> tuple[list[Replica], int, bool]:
+        """A new session's replicas, best first; the bytes of its prefix the first was sent; and
+        whether it was sent them long enough ago to have computed them: a miss on a prefix sent
+        within `timeouts.first_byte` may be one still being prefilled, not one evicted (design.md
+        11.5). The session is in the map, the index and the count from now, before it waits or
+        is sent: the sessions placed meanwhile, by this process or another, see it there."""
+        usable = self._usable()
+        sent, shared = await affinity.view(prefix.digests, [replica.url for replica in usable])
+        now = time.monotonic()
+        loads = self._loads.held(now) if shared is None else shared
+        candidates, matched = place(prefix, sent, loads, usable, self.config.load_factor)
+        first = candidates[0].url
+        self._loads.touch(session.key, first, now)
+        # What it computes there, registered before the write yields: a session of this process
+        # placed meanwhile waits for it.
+        self._compute(session, prefix.past(matched), first)
+        await affinity.set(session.key, first, prefix.digests)
+        if not matched:
+            return candidates, 0, False
+        match = prefix.ends.index(matched)
+        if self._waits_for_prefix:
+            await self._computing.wait(prefix.digests[match], first, self.config.timeouts.first_byte)
+        return candidates, matched, sent[match][first] >= self.config.timeouts.first_byte
+
+    def _compute(self, session: Session, digests: Sequence[str], replica: str) -> None:
+        """`replica` computes these digests of the session's prefix until its answer's first
+        bytes, where a session waits for them (11.5); a replica tried before never received them."""
+        if not (self._waits_for_prefix and digests) or (session.computing and session.computing[1] == replica):
+            return
+        self._computed(session)
+        session.computing = (digests, replica, self._computing.begin(digests, replica))
 
     def _computed(self, session: Session) -> None:
         """The replica a new session was sent to has computed its prefix (design.md 11.5): its
@@ -562,9 +580,12 @@ class UpstreamClient:
         if placed is None or self._affinity is None or usage is None or cached is None:
             return
         prefix, matched, replica = placed
-        gone = stale(prefix, matched, usage.prompt_tokens or 0, cached)
-        if gone:
-            task = asyncio.create_task(self._affinity.forget(gone, replica))
+        self._forget(stale(prefix, matched, usage.prompt_tokens or 0, cached), replica)
+
+    def _forget(self, digests: list[str], replica: str) -> None:
+        """The index told, after the answer and not delaying it, that `replica` lacks these."""
+        if digests and self._affinity is not None:
+            task = asyncio.create_task(self._affinity.forget(digests, replica))
             self._forgetting.add(task)
             task.add_done_callback(self._forgetting.discard)
 

@@ -44,6 +44,11 @@ class Prefix:
     tie: str
     size: int
 
+    def past(self, matched: int) -> list[str]:
+        """The digests of more than its first `matched` bytes: what a replica holding those
+        computes."""
+        return [digest for digest, end in zip(self.digests, self.ends, strict=True) if end > matched]
+
 
 def prefix_of(chat: Mapping[str, Any], size: int) -> Prefix:
     """The digests of a chat request's leading part: its first system message, its tools (which
@@ -115,9 +120,7 @@ def stale(prefix: Prefix, matched: int, prompt: int, cached: int) -> list[str]:
     `matched` bytes: none when its cache covered at least half of them (as the request's bytes
     weigh its prompt tokens), else those past what it covered (design.md 11.5)."""
     covered = cached * prefix.size // prompt if prompt > 0 else matched
-    if 2 * covered >= matched:
-        return []
-    return [digest for digest, end in zip(prefix.digests, prefix.ends, strict=True) if end > covered]
+    return [] if 2 * covered >= matched else prefix.past(covered)
 
 
 class SessionLoads:
@@ -165,15 +168,15 @@ class Computing:
     def __init__(self) -> None:
         self._events: dict[str, dict[str, asyncio.Event]] = {}
 
-    def begin(self, prefix: Prefix, replica: str) -> asyncio.Event:
+    def begin(self, digests: Sequence[str], replica: str) -> asyncio.Event:
         done = asyncio.Event()
-        for digest in prefix.digests:
+        for digest in digests:
             self._events.setdefault(digest, {}).setdefault(replica, done)
         return done
 
-    def end(self, prefix: Prefix, replica: str, done: asyncio.Event) -> None:
+    def end(self, digests: Sequence[str], replica: str, done: asyncio.Event) -> None:
         done.set()
-        for digest in prefix.digests:
+        for digest in digests:
             computing = self._events.get(digest)
             if computing is not None and computing.get(replica) is done:
                 del computing[replica]

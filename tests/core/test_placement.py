@@ -185,15 +185,15 @@ async def test_a_wait_for_a_prefix_being_computed_ends_when_it_can_be_shared() -
     (the first of those computing it there is done), or at its bound."""
     computing = Computing()
     r0, r1 = REPLICAS[0].url, REPLICAS[1].url
-    done = computing.begin(PREFIX, r0)
-    computing.end(PREFIX, r0, computing.begin(PREFIX, r0))  # a second one there: the first's stay
+    done = computing.begin(PREFIX.digests, r0)
+    computing.end(PREFIX.digests, r0, computing.begin(PREFIX.digests, r0))  # a second one there: the first's stay
     waiting = asyncio.create_task(computing.wait(PREFIX.digests[-1], r0, 5))
     await asyncio.sleep(0)
     assert not waiting.done()
-    computing.end(PREFIX, r0, done)
+    computing.end(PREFIX.digests, r0, done)
     await asyncio.wait_for(waiting, 1)
     started = time.monotonic()
-    late = computing.begin(PREFIX, r1)
+    late = computing.begin(PREFIX.digests, r1)
     await computing.wait(PREFIX.digests[0], r1, 0.05)  # at its bound
     assert 0.04 < time.monotonic() - started < 1 and not late.is_set()
     await computing.wait(PREFIX.digests[0], r0, 5)  # nothing computing there: at once
