@@ -82,11 +82,14 @@ class Dialect(msgspec.Struct, frozen=True):
     then tokenizes that; None: it cannot."""
     tokenize_path: str = "/tokenize"
     """The path `chat` tokenizing posts to."""
-    waits_for_prefix: bool = False
-    """Whether a new session waits for its prefix being computed on its replica for another
-    (design.md 11.5): SGLang's and vLLM's caches share it once prefilled; a llama-server shares
-    a prompt only by handing one slot's cache to the next task, so a session that waited for
-    another's would take that one's history."""
+    shares_prefill: bool = False
+    """Whether the engine's cache shares a prefix with every request once it is prefilled
+    (SGLang's radix tree, vLLM's blocks), where a llama-server shares a prompt only by handing
+    an idle slot's cache to the next task (design.md 11.5). Where it does, a new session waits
+    for its prefix being computed for another on its replica, and a miss on a prefix sent
+    there within `timeouts.first_byte` is not taken for an eviction; where it does not, a
+    session that waited would take the other's slot and history, and a miss says the replica
+    cannot share the prefix while its slots are busy."""
 
 
 DIALECTS = {
@@ -95,9 +98,9 @@ DIALECTS = {
         min_top_logprobs=0,
         tokenizer="chat",
         tokenize_path="/v1/tokenize",
-        waits_for_prefix=True,
+        shares_prefill=True,
     ),
-    "vllm": Dialect(reasoning_field="reasoning", min_top_logprobs=0, tokenizer="chat", waits_for_prefix=True),
+    "vllm": Dialect(reasoning_field="reasoning", min_top_logprobs=0, tokenizer="chat", shares_prefill=True),
     "llama.cpp": Dialect(reasoning_field="reasoning_content", min_top_logprobs=1, tokenizer="template"),
     "generic": Dialect(reasoning_field=None, min_top_logprobs=0),
 }

@@ -337,22 +337,28 @@ async def test_a_failing_index_in_redis_costs_a_new_session_little() -> None:
         server.close()
 
 
+@pytest.mark.parametrize("dialect", ["sglang", "llama.cpp"])
 async def test_a_replica_found_without_the_prefix_is_forgotten_for_it(
-    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, store: dict[str, Any], dialect: str
 ) -> None:
     """design.md 11.5: a session placed for its prefix whose answer found far fewer tokens
     cached than it matched tells the proxy its replica evicted it: the next session goes by
-    load; one that found it keeps it there; and one that missed a prefix sent within
+    load; one that found it keeps it there. On SGLang one that missed a prefix sent within
     `timeouts.first_byte`, which may still be being prefilled for the session before it, says
-    nothing. (A loose bound, so that only the index decides.)"""
+    nothing; on a llama-server, whose busy slots share nothing, it says the replica cannot
+    share it. (A loose bound, so that only the index decides.)"""
     for replica in two:  # after the first answer
         replica.script(answer(cached=2900), answer(cached=100))
-    url = await start_proxy(fleet_config(two, store, load_factor=10, timeouts={"first_byte": PREFILLED}))
+    config = fleet_config(two, store, load_factor=10, dialect=dialect, timeouts={"first_byte": PREFILLED})
+    url = await start_proxy(config)
     home = await session(http, url, two, "first")
     await asyncio.sleep(PREFILLED)
     assert await session(http, url, two, "found it cached") == home
     assert await session(http, url, two, "missed it just after it was sent") == home
     await asyncio.sleep(0.1)
+    if dialect == "llama.cpp":
+        assert await session(http, url, two, "elsewhere") != home
+        return
     assert await session(http, url, two, "still there") == home
     await asyncio.sleep(PREFILLED)
     assert await session(http, url, two, "found it evicted") == home

@@ -276,7 +276,7 @@ class UpstreamClient:
         self._on_route = on_route or (lambda upstream, outcome: None)
         self._loads = SessionLoads(config.session_window)
         self._computing = Computing()
-        self._waits_for_prefix = config.wire().waits_for_prefix
+        self._shares_prefill = config.wire().shares_prefill
         self._forgetting: set[asyncio.Task[None]] = set()
         # Whether a call's session changes where it goes: else it is not worked out at all.
         self.keyed = self._affinity is not None or bool(config.session_header)
@@ -531,10 +531,11 @@ class UpstreamClient:
 
     async def _place(self, session: Session, prefix: Prefix, affinity: AffinityMap) -> tuple[list[Replica], int, bool]:
         """A new session's replicas, best first; the bytes of its prefix the first was sent; and
-        whether it was sent them long enough ago to have computed them: a miss on a prefix sent
-        within `timeouts.first_byte` may be one still being prefilled, not one evicted (design.md
-        11.5). The session is in the map, the index and the count from now, before it waits or
-        is sent: the sessions placed meanwhile, by this process or another, see it there."""
+        whether a miss on them will say the replica lacks them: on an engine that shares a
+        prefix once prefilled, not for one sent within `timeouts.first_byte`, which may still be
+        being prefilled for another (design.md 11.5). The session is in the map, the index and
+        the count from now, before it waits or is sent: the sessions placed meanwhile, by this
+        process or another, see it there."""
         usable = self._usable()
         sent, shared = await affinity.view(prefix.digests, [replica.url for replica in usable])
         now = time.monotonic()
@@ -549,14 +550,15 @@ class UpstreamClient:
         if not matched:
             return candidates, 0, False
         match = prefix.ends.index(matched)
-        if self._waits_for_prefix:
-            await self._computing.wait(prefix.digests[match], first, self.config.timeouts.first_byte)
+        if not self._shares_prefill:
+            return candidates, matched, True
+        await self._computing.wait(prefix.digests[match], first, self.config.timeouts.first_byte)
         return candidates, matched, sent[match][first] >= self.config.timeouts.first_byte
 
     def _compute(self, session: Session, digests: Sequence[str], replica: str) -> None:
         """`replica` computes these digests of the session's prefix until its answer's first
         bytes, where a session waits for them (11.5); a replica tried before never received them."""
-        if not (self._waits_for_prefix and digests) or (session.computing and session.computing[1] == replica):
+        if not (self._shares_prefill and digests) or (session.computing and session.computing[1] == replica):
             return
         self._computed(session)
         session.computing = (digests, replica, self._computing.begin(digests, replica))
