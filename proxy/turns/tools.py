@@ -80,11 +80,16 @@ async def prepare(
     # the model's first round, which only the server's own word admits.
     approving = {request.server_label for request, response in approvals if response.approve} if runs else set()
     listing = [label for label in servers if label not in known or (label in approving and label not in vouched)]
+    unavailable: BaseException | None = None
     try:  # one listing that fails lets go of the others
         async with asyncio.TaskGroup() as group:
             tasks = [group.create_task(mcp.list_tools(servers[label][1], owner)) for label in listing]
     except* McpUnavailable as failed:
-        raise failed.exceptions[0] from None
+        # Raised past the handler: Python before 3.11.4 (Debian 12's 3.11.2) wraps what an
+        # except* handler raises in a group of its own, which no error handler answers.
+        unavailable = failed.exceptions[0]
+    if unavailable is not None:
+        raise unavailable
     listed: dict[str, list[dict[str, Any]]] = {label: task.result() for label, task in zip(listing, tasks, strict=True)}
     # What the model is offered: the server's listing, where made now; else the history's.
     tools = {

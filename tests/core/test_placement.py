@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from pathlib import Path
 from typing import Any
 
 import orjson
@@ -199,9 +198,6 @@ async def test_a_wait_for_a_prefix_being_computed_ends_when_it_can_be_shared() -
     await computing.wait(PREFIX.digests[0], r0, 5)  # nothing computing there: at once
 
 
-RECORDED = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "recorded"
-
-
 def frame(payload: dict[str, Any]) -> bytes:
     return b"data: " + orjson.dumps(payload) + b"\n\n"
 
@@ -226,8 +222,8 @@ def test_a_relayed_answer_is_read_for_its_usage_however_it_comes() -> None:
             usage = relayed(stream, True, [split])
             assert usage.prompt_tokens == 3000 and usage.prompt_tokens_details.cached_tokens == cached
     assert relayed(stream, True, list(range(1, len(stream)))).prompt_tokens_details.cached_tokens == 100  # a byte a read
-    recorded = (RECORDED / "thinking-tool.sse").read_bytes()  # a usage without cached tokens
-    usage = relayed(recorded, True, [len(recorded) // 3])
+    uncounted = {"choices": [], "usage": {"prompt_tokens": 30, "completion_tokens": 18, "total_tokens": 48}}
+    usage = relayed(frame(text) + frame(uncounted) + b"data: [DONE]\n\n", True, [40])  # no cached count
     assert usage.prompt_tokens == 30 and usage.prompt_tokens_details is None
     assert relayed(frame(text) + b"data: [DONE]\n\n", True, []) is None
     body = orjson.dumps({"choices": [{"index": 0, "message": {"content": "ok"}}], "usage": sglang["usage"]})
