@@ -153,7 +153,7 @@ async def test_only_sessions_active_within_the_window_count(two: list[FakeUpstre
     assert await session(http, url, two, "beside two busy ones") != home  # 3 > 3 / 2 + 1
 
 
-@pytest.mark.parametrize("dialect", ["sglang", "llama.cpp"])
+@pytest.mark.parametrize("dialect", ["sglang", "vllm", "llama.cpp"])
 async def test_a_new_session_goes_where_its_prefix_is_being_computed(start_proxy, http: aiohttp.ClientSession, dialect: str) -> None:
     """design.md 11.5: a replica holds a new session's prefix from when it is sent: the next
     session of the prompt goes there rather than to the least loaded replica; on SGLang, whose
@@ -170,12 +170,44 @@ async def test_a_new_session_goes_where_its_prefix_is_being_computed(start_proxy
         home = next(i for i, replica in enumerate(two) if replica.requests)
         second = asyncio.create_task(session(http, url, two, "second"))
         await asyncio.sleep(0.5)  # the first's headers sent, its first token not yet
-        assert len(two[home].requests) == (1 if dialect == "sglang" else 2)
+        assert len(two[home].requests) == (2 if dialect == "llama.cpp" else 1)
         released.set()
         assert (await first)[-1]["type"] == "response.completed"
         assert await second == home
         metrics = await scrape(http, url)
         assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="prefix") == 1
+    finally:
+        for replica in two:
+            await replica.close()
+
+
+async def test_a_session_whose_client_leaves_while_it_waits_for_its_prefix_is_never_sent(
+    start_proxy, http: aiohttp.ClientSession, store: dict[str, Any]
+) -> None:
+    """design.md 11.5: a session waiting for its prefix to be computed for another, whose
+    client goes away, is never sent: nothing generates for nobody, it no longer counts on the
+    replica (the next session of the prompt goes there too, within the bound) and the next
+    waits for the first alone."""
+    released = asyncio.Event()
+    two = await replicas(2, Reply(answer().generation, hold=released), answer())
+    try:
+        url = await start_proxy(fleet_config(two, store))
+        body = {"model": "m", "instructions": PRODUCT, "input": "the first task", "prompt_cache_key": "first"}
+        first = asyncio.create_task(streamed(http, url, body))
+        await eventually(lambda: sum(len(replica.requests) for replica in two) == 1, 5)
+        home = next(i for i, replica in enumerate(two) if replica.requests)
+        gone = asyncio.create_task(session(http, url, two, "gone"))
+        await asyncio.sleep(0.3)  # waiting for the first's first token
+        gone.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await gone
+        later = asyncio.create_task(session(http, url, two, "later"))
+        await asyncio.sleep(0.3)
+        assert [len(replica.requests) for replica in two][home] == 1
+        released.set()
+        assert (await first)[-1]["type"] == "response.completed"
+        assert await later == home
+        assert sum(len(replica.requests) for replica in two) == 2  # the first and the later one
     finally:
         for replica in two:
             await replica.close()

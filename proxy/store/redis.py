@@ -832,11 +832,14 @@ class RedisAffinity:
         ]
         return ages, dict(zip(replicas, found[len(prefixes) :], strict=True))
 
-    async def forget(self, prefixes: Sequence[str], replica: str) -> None:
+    async def forget(self, prefixes: Sequence[str], replica: str, session: str | None = None) -> None:
         async def delete() -> None:
             async with self._redis.pipeline(transaction=False) as pipe:
                 for prefix in prefixes:
                     pipe.hdel(self._prefixes + prefix, replica)
+                if session is not None:
+                    pipe.delete(self._session + session)
+                    pipe.zrem(self._held + replica, session)
                 await pipe.execute()
 
         await self._guarded(delete)

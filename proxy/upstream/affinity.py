@@ -64,8 +64,9 @@ class AffinityMap(Protocol):
         the sessions each of `replicas` holds (None where the map keeps no count: the process's
         own is the count): one read."""
 
-    async def forget(self, prefixes: Sequence[str], replica: str) -> None:
-        """The replica no longer holds the prefixes."""
+    async def forget(self, prefixes: Sequence[str], replica: str, session: str | None = None) -> None:
+        """The replica no longer holds the prefixes; nor the session, where named (placed there,
+        it was never sent: out of the map and the count)."""
 
 
 class LocalAffinity:
@@ -108,9 +109,11 @@ class LocalAffinity:
         ]
         return ages, None
 
-    async def forget(self, prefixes: Sequence[str], replica: str) -> None:
+    async def forget(self, prefixes: Sequence[str], replica: str, session: str | None = None) -> None:
         for prefix in prefixes:
             self._prefixes.get(prefix, {}).pop(replica, None)
+        if session is not None and self._replicas.get(session, ("",))[0] == replica:
+            del self._replicas[session]
 
 
 class Weighted(Protocol):

@@ -552,7 +552,12 @@ class UpstreamClient:
         match = prefix.ends.index(matched)
         if not self._shares_prefill:
             return candidates, matched, True
-        await self._computing.wait(prefix.digests[match], first, self.config.timeouts.first_byte)
+        try:
+            await self._computing.wait(prefix.digests[match], first, self.config.timeouts.first_byte)
+        except asyncio.CancelledError:  # its client left: it holds nothing there, and claims nothing
+            self._loads.drop(session.key)
+            self._forget(prefix.past(matched), first, session.key)
+            raise
         return candidates, matched, sent[match][first] >= self.config.timeouts.first_byte
 
     def _compute(self, session: Session, digests: Sequence[str], replica: str) -> None:
@@ -584,10 +589,10 @@ class UpstreamClient:
         prefix, matched, replica = placed
         self._forget(stale(prefix, matched, usage.prompt_tokens or 0, cached), replica)
 
-    def _forget(self, digests: list[str], replica: str) -> None:
-        """The index told, after the answer and not delaying it, that `replica` lacks these."""
-        if digests and self._affinity is not None:
-            task = asyncio.create_task(self._affinity.forget(digests, replica))
+    def _forget(self, digests: list[str], replica: str, session: str | None = None) -> None:
+        """The index told, not delaying the call, that `replica` lacks these (and the session)."""
+        if (digests or session) and self._affinity is not None:
+            task = asyncio.create_task(self._affinity.forget(digests, replica, session))
             self._forgetting.add(task)
             task.add_done_callback(self._forgetting.discard)
 

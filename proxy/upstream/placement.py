@@ -148,6 +148,12 @@ class SessionLoads:
             self._drop()
         return report
 
+    def drop(self, session: str) -> None:
+        """A session placed and never sent: it holds no replica."""
+        before = self._last.pop(session, None)
+        if before is not None:
+            self._held[before[0]] -= 1
+
     def held(self, now: float) -> Mapping[str, int]:
         """Sessions by replica, as of `now`."""
         while self._last and next(iter(self._last.values()))[1] <= now - self._window:
