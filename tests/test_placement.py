@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import aiohttp
@@ -33,28 +34,30 @@ def answer(cached: int = 2900) -> Reply:
     return Reply(Generation(steps, completion_tokens=1, prompt_tokens=3000, cached_tokens=cached))
 
 
-async def replicas(n: int, *script: Reply) -> list[FakeUpstream]:
+@asynccontextmanager
+async def replicas(n: int, *script: Reply) -> AsyncIterator[list[FakeUpstream]]:
+    """`n` fake upstreams, each answering `script` in turn (then its last reply), closed after."""
     fleet = [FakeUpstream() for _ in range(n)]
-    for replica in fleet:
-        await replica.start()
-        replica.script(*(script or [answer()]))
-    return fleet
+    try:
+        for replica in fleet:
+            await replica.start()
+            replica.script(*(script or [answer()]))
+        yield fleet
+    finally:
+        for replica in fleet:
+            await replica.close()
 
 
 @pytest.fixture
 async def two() -> AsyncIterator[list[FakeUpstream]]:
-    fleet = await replicas(2)
-    yield fleet
-    for replica in fleet:
-        await replica.close()
+    async with replicas(2) as fleet:
+        yield fleet
 
 
 @pytest.fixture
 async def three() -> AsyncIterator[list[FakeUpstream]]:
-    fleet = await replicas(3)
-    yield fleet
-    for replica in fleet:
-        await replica.close()
+    async with replicas(3) as fleet:
+        yield fleet
 
 
 def fleet_config(fleet: list[FakeUpstream], store: dict[str, Any] | None = None, top: dict[str, Any] | None = None, **upstream: Any) -> Config:
@@ -161,8 +164,7 @@ async def test_a_new_session_goes_where_its_prefix_is_being_computed(start_proxy
     first token, not at the headers SGLang sends before it. A llama-server shares a prompt only
     by handing one slot's cache to the next task: there it goes at once, beside the first."""
     released = asyncio.Event()
-    two = await replicas(2, Reply(answer().generation, hold=released), answer())
-    try:
+    async with replicas(2, Reply(answer().generation, hold=released), answer()) as two:
         url = await start_proxy(fleet_config(two, dialect=dialect))
         body = {"model": "m", "instructions": PRODUCT, "input": "the first task", "prompt_cache_key": "first"}
         first = asyncio.create_task(streamed(http, url, body))
@@ -176,9 +178,6 @@ async def test_a_new_session_goes_where_its_prefix_is_being_computed(start_proxy
         assert await second == home
         metrics = await scrape(http, url)
         assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="prefix") == 1
-    finally:
-        for replica in two:
-            await replica.close()
 
 
 async def test_a_session_whose_client_leaves_while_it_waits_for_its_prefix_is_never_sent(
@@ -189,8 +188,7 @@ async def test_a_session_whose_client_leaves_while_it_waits_for_its_prefix_is_ne
     replica (the next session of the prompt goes there too, within the bound) and the next
     waits for the first alone."""
     released = asyncio.Event()
-    two = await replicas(2, Reply(answer().generation, hold=released), answer())
-    try:
+    async with replicas(2, Reply(answer().generation, hold=released), answer()) as two:
         url = await start_proxy(fleet_config(two, store))
         body = {"model": "m", "instructions": PRODUCT, "input": "the first task", "prompt_cache_key": "first"}
         first = asyncio.create_task(streamed(http, url, body))
@@ -208,17 +206,13 @@ async def test_a_session_whose_client_leaves_while_it_waits_for_its_prefix_is_ne
         assert (await first)[-1]["type"] == "response.completed"
         assert await later == home
         assert sum(len(replica.requests) for replica in two) == 2  # the first and the later one
-    finally:
-        for replica in two:
-            await replica.close()
 
 
 async def test_sessions_that_come_together_wait_no_further_than_the_bound(start_proxy, http: aiohttp.ClientSession) -> None:
     """design.md 11.5: a session that waits for its prefix counts where it waits: four sessions
     of one prompt that come while the first is being computed are placed two and two, not all
     where the first is (the first the others waited for, each counted only once sent)."""
-    two = await replicas(2, Reply(answer().generation, headers_delay=0.3))
-    try:
+    async with replicas(2, Reply(answer().generation, headers_delay=0.3)) as two:
         url = await start_proxy(fleet_config(two))
 
         async def begun(key: str) -> None:
@@ -229,9 +223,6 @@ async def test_sessions_that_come_together_wait_no_further_than_the_bound(start_
         await eventually(lambda: sum(len(replica.requests) for replica in two) == 1, 5)
         await asyncio.gather(first, *(begun(f"beside {i}") for i in range(3)))
         assert sorted(len(replica.requests) for replica in two) == [2, 2]
-    finally:
-        for replica in two:
-            await replica.close()
 
 
 async def test_gateway_replicas_share_where_prefixes_were_sent(
@@ -274,8 +265,7 @@ async def test_gateway_replicas_see_a_prefix_from_when_it_is_sent(start_proxy, h
     """design.md 11.5: a new session's prefix is in the index from when it is sent, not once its
     answer begins (a cold prefix takes seconds): with a Redis store, another gateway replica
     places the next session of the prompt there for its prefix while the first is computed."""
-    two = await replicas(2, Reply(answer().generation, headers_delay=1.0), answer())
-    try:
+    async with replicas(2, Reply(answer().generation, headers_delay=1.0), answer()) as two:
         one = await start_proxy(fleet_config(two, store))
         other = await start_proxy(fleet_config(two, store))
         body = {"model": "m", "instructions": PRODUCT, "input": "the first task", "prompt_cache_key": "first"}
@@ -288,9 +278,6 @@ async def test_gateway_replicas_see_a_prefix_from_when_it_is_sent(start_proxy, h
         metrics = await scrape(http, other)
         assert sample(metrics, "proxy_session_routes_total", upstream="fleet", outcome="prefix" if shared else "new") == 1
         assert (await first)[0] == 200
-    finally:
-        for replica in two:
-            await replica.close()
 
 
 async def test_gateway_replicas_count_each_others_sessions(
