@@ -136,6 +136,8 @@ class RelayedUsage:
             self._left -= len(data)
             if self._left >= 0:
                 self._body.append(data)
+            else:
+                self._body.clear()  # past the limit: nothing to read, nothing kept
             return
         for payload in self._events.feed(data):
             if b'"usage"' in payload and b'"usage":null' not in payload:  # SGLang's every chunk has one

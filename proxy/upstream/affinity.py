@@ -35,7 +35,8 @@ class Session:
     response came from (a hint from the stored chain), and, once sent, the replica it went to;
     `placed`: a new session's prefix, the bytes of it the replica it was placed on was sent
     last, and that replica, until its usage says whether it still held them; `computing`: the
-    prefix it sends a replica that did not hold it, until that replica's answer begins (11.5)."""
+    digests of its prefix a replica computes for it, until that replica's answer's first bytes
+    (11.5)."""
 
     __slots__ = ("key", "previous", "served_by", "placed", "computing")
 

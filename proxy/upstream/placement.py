@@ -138,21 +138,21 @@ class SessionLoads:
         """A call of `session` served by `replica` at `now`; whether a shared count should hear
         of it: a session new to this process, moved, or last reported a REPORTS-th of the
         window ago (its count there would soon lapse)."""
-        before = self._last.pop(session, None)
+        before = self.drop(session)
         report = before is None or before[0] != replica or before[2] <= now - self._window / REPORTS
-        if before is not None:
-            self._held[before[0]] -= 1
         self._last[session] = (replica, now, now if report or before is None else before[2])
         self._held[replica] += 1
         if len(self._last) > self._size:
             self._drop()
         return report
 
-    def drop(self, session: str) -> None:
-        """A session placed and never sent: it holds no replica."""
+    def drop(self, session: str) -> tuple[str, float, float] | None:
+        """The session holds no replica (one placed and never sent); what was known of it: its
+        replica, its last call, its last report."""
         before = self._last.pop(session, None)
         if before is not None:
             self._held[before[0]] -= 1
+        return before
 
     def held(self, now: float) -> Mapping[str, int]:
         """Sessions by replica, as of `now`."""
@@ -166,10 +166,10 @@ class SessionLoads:
 
 
 class Computing:
-    """The prefixes being computed (design.md 11.5): each new session's digests on the replica it
-    was sent to, where the index did not say it held them all, until its answer begins; where
-    the engine shares a prefix once prefilled, another new session of the prompt placed there
-    waits for it rather than computing it beside it."""
+    """The prefixes being computed (design.md 11.5), where the engine shares a prefix once
+    prefilled: the digests a new session's replica computes for it (past what the index said it
+    held), until the first bytes of its answer's body; another new session of the prompt placed
+    there waits for them rather than computing them beside it."""
 
     def __init__(self) -> None:
         self._events: dict[str, dict[str, asyncio.Event]] = {}
@@ -190,7 +190,8 @@ class Computing:
                     del self._events[digest]
 
     async def wait(self, digest: str, replica: str, timeout: float) -> None:
-        """Until `replica` has computed `digest` (its answer began), at most `timeout` seconds."""
+        """Until `replica` has computed `digest` (its answer's first bytes came), at most
+        `timeout` seconds."""
         done = self._events.get(digest, {}).get(replica)
         if done is not None:
             with contextlib.suppress(TimeoutError):
