@@ -12,6 +12,7 @@ from typing import Any
 
 import aiohttp
 import pytest
+import redis.asyncio
 
 from proxy.config import Config, parse
 from proxy.store.redis import RedisBackend
@@ -330,6 +331,33 @@ async def test_a_new_session_costs_one_store_round_trip_more_than_a_known_one(
         assert (new, writes - before) == (3, 1)
     finally:
         server.close()
+
+
+async def test_a_session_is_reported_to_the_shared_count_while_it_is_active(
+    two: list[FakeUpstream], start_proxy, http: aiohttp.ClientSession, redis_server: RedisServer
+) -> None:
+    """design.md 11.5: with a Redis store a replica's sessions are a sorted set, each scored by
+    when a gateway last reported it: at its placement, then at most a quarter of
+    `session_window` apart while its calls go on, so that it keeps counting there."""
+    prefix = "reports:"
+    url = await start_proxy(fleet_config(two, {"url": redis_server.url, "prefix": prefix}, session_window=2))
+    home = await session(http, url, two, "agent", store=False)
+    held = f"{prefix}held:fleet:{two[home].url}"
+    client = redis.asyncio.Redis.from_url(redis_server.url)
+    try:
+        placed = await client.zscore(held, "agent")
+        assert placed is not None
+
+        async def turn() -> float | None:
+            body = {"model": "m", "instructions": PRODUCT, "input": "go on", "prompt_cache_key": "agent", "store": False}
+            assert (await post_json(http, f"{url}/v1/responses", body))[0] == 200
+            return await client.zscore(held, "agent")
+
+        assert await turn() == placed  # reported a moment ago
+        await asyncio.sleep(0.6)  # past a quarter of the window
+        assert (await turn() or 0) > placed
+    finally:
+        await client.aclose()
 
 
 async def test_a_failing_index_in_redis_costs_a_new_session_little() -> None:
